@@ -1,0 +1,4 @@
+#include "bindings.h"
+namespace mindie::host {
+void bind_beam(py::module_&) {}
+}

@@ -1,0 +1,38 @@
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "cpu/dispatch.h"
+#include "cpu/parallel.h"
+
+namespace kc = mindie::kernels::cpu;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "mindie CPU kernels: paged attention, KV-cache writes, sampling, beam search, layers";
+  mindie::host::bind_cache(m);
+  mindie::host::bind_attention(m);
+  mindie::host::bind_sampling(m);
+  mindie::host::bind_beam(m);
+  mindie::host::bind_layers(m);
+
+  m.def("set_num_threads", [](int n) {
+    if (n < 1) throw pybind11::value_error("num_threads must be >= 1");
+    kc::set_num_threads(n);
+  }, pybind11::arg("num_threads"), "Sets the kernel thread pool size (independent of torch's).");
+  m.def("get_num_threads", &kc::get_num_threads, "Threads the kernels run on, the caller included.");
+  m.def("available_isas", [] {
+    std::vector<std::string> names;
+    for (kc::Isa isa : kc::available_isas()) names.emplace_back(kc::isa_name(isa));
+    return names;
+  }, "Kernel variants this build has and this CPU runs, best last.");
+  m.def("get_isa", [] { return std::string(kc::isa_name(kc::active_isa())); }, "The active kernel variant.");
+  m.def("set_isa", [](const std::string& name) {
+    try {
+      kc::set_active_isa(kc::isa_from_name(name));
+    } catch (const std::invalid_argument& e) {
+      throw pybind11::value_error(e.what());
+    }
+  }, pybind11::arg("name"), "Forces a kernel variant: 'scalar', 'avx2' or 'avx512'.");
+}

@@ -1,0 +1,21 @@
+// Run-time choice of the kernel variant. Each kernel header lists its entry points in an X-macro;
+// dispatch.cpp declares them once per compiled ISA namespace and forwards every call to the variant
+// selected here (the best the running CPU supports, or the one a test forces).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mindie::kernels::cpu {
+
+enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Variants compiled into this build that the running CPU can execute, best last.
+std::vector<Isa> available_isas();
+Isa active_isa();
+// Forces a variant (tests compare them); throws std::invalid_argument if it is not available.
+void set_active_isa(Isa isa);
+const char* isa_name(Isa isa);
+Isa isa_from_name(const std::string& name);
+
+}  // namespace mindie::kernels::cpu

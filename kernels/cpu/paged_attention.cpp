@@ -1,0 +1,336 @@
+#include "cpu/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
+
+namespace mindie::kernels::cpu {
+namespace MINDIE_ISA_NS {
+namespace {
+
+constexpr int kQueryTile = 16;        // prefill queries per work item
+constexpr int kMinPartition = 256;    // smallest decode split worth its merge
+
+// One unit of parallel work: a kv head of one sequence, over a range of its keys (decode) or of
+// its queries (prefill). `part` >= 0 marks a decode split whose partial result goes to workspace.
+struct WorkItem {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t begin;  // decode: first key position; prefill: first query index within the sequence
+  int32_t end;
+  int64_t part;   // decode split slot in the workspace, or -1
+};
+
+// Running softmax state of `rows` query rows: max m, sum l and unnormalised output acc[rows][D].
+struct OnlineSoftmax {
+  float* m;
+  float* l;
+  float* acc;
+  int head_dim;
+
+  void init(int rows) {
+    std::fill(m, m + rows, -INFINITY);
+    std::fill(l, l + rows, 0.f);
+    std::fill(acc, acc + static_cast<int64_t>(rows) * head_dim, 0.f);
+  }
+  // Turns scores s[0..n) of row r into probabilities relative to the new running max and rescales
+  // the row's accumulator. Returns false when every score is masked (-inf): nothing to add.
+  bool update(int r, float* s, int n) {
+    const float bm = row_max(s, n);
+    if (bm == -INFINITY) return false;
+    const float m_new = std::max(m[r], bm);
+    const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - m_new);
+    const float sum = exp_sub_sum(s, m_new, n);
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+    if (alpha != 1.f) {
+      float* a = acc + static_cast<int64_t>(r) * head_dim;
+      load_scaled(a, a, alpha, head_dim);
+    }
+    return true;
+  }
+};
+
+struct Scratch {
+  std::vector<float> buf;
+  float* get(size_t n) {
+    if (buf.size() < n) buf.resize(n);
+    return buf.data();
+  }
+};
+
+template <typename Q, typename KV>
+class Attention {
+ public:
+  explicit Attention(const PagedAttentionArgs& a)
+      : a_(a),
+        q_(static_cast<const Q*>(a.query)),
+        kc_(static_cast<const KV*>(a.key_cache)),
+        vc_(static_cast<const KV*>(a.value_cache)),
+        out_(static_cast<Q*>(a.out)),
+        group_(a.num_heads / a.kv_heads),
+        D_(a.head_dim),
+        row_(static_cast<int64_t>(a.kv_heads) * a.head_dim) {}
+
+  void run() {
+    build_work();
+    workspace_.assign(static_cast<size_t>(num_parts_) * a_.num_heads * (D_ + 2), 0.f);
+    parallel_for(static_cast<int64_t>(work_.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const WorkItem& w = work_[i];
+        if (w.part >= 0 || query_len(w.seq) == 1) decode(w);
+        else prefill(w);
+      }
+    });
+    if (!merges_.empty()) {
+      parallel_for(static_cast<int64_t>(merges_.size()) * a_.num_heads, 4, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) merge(merges_[i / a_.num_heads], static_cast<int>(i % a_.num_heads));
+      });
+    }
+  }
+
+ private:
+  struct Merge {
+    int32_t seq;
+    int64_t first_part;
+    int32_t num_parts;
+  };
+
+  int query_len(int64_t s) const { return a_.query_start_loc[s + 1] - a_.query_start_loc[s]; }
+
+  const KV* key_row(int64_t s, int pos, int kv_head) const {
+    const int64_t block = a_.block_tables[s * a_.block_table_stride + pos / a_.block_size];
+    return kc_ + (block * a_.block_size + pos % a_.block_size) * row_ + static_cast<int64_t>(kv_head) * D_;
+  }
+  const KV* value_row(int64_t s, int pos, int kv_head) const {
+    const int64_t block = a_.block_tables[s * a_.block_table_stride + pos / a_.block_size];
+    return vc_ + (block * a_.block_size + pos % a_.block_size) * row_ + static_cast<int64_t>(kv_head) * D_;
+  }
+
+  void build_work() {
+    int64_t decode_rows = 0;
+    for (int64_t s = 0; s < a_.num_seqs; ++s) decode_rows += query_len(s) == 1;
+    int partition = a_.partition_size;
+    if (partition <= 0) {
+      // Split long decode contexts only when the batch alone cannot keep every thread busy.
+      const int64_t want = 4LL * get_num_threads();
+      const int64_t have = decode_rows * a_.kv_heads;
+      int64_t longest = 0;
+      for (int64_t s = 0; s < a_.num_seqs; ++s)
+        if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s]);
+      partition = static_cast<int>(longest + 1);
+      if (have > 0 && have < want) {
+        const int64_t splits = (want + have - 1) / have;
+        partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
+      }
+    }
+    partition = std::max(partition, 1);
+    for (int64_t s = 0; s < a_.num_seqs; ++s) {
+      const int q_len = query_len(s);
+      const int ctx = a_.seq_lens[s];
+      if (q_len == 0 || ctx == 0) continue;
+      if (q_len == 1) {
+        const int parts = (ctx + partition - 1) / partition;
+        if (parts > 1) merges_.push_back({static_cast<int32_t>(s), num_parts_, parts});
+        for (int p = 0; p < parts; ++p) {
+          const int64_t slot = parts > 1 ? num_parts_ + p : -1;
+          for (int h = 0; h < a_.kv_heads; ++h)
+            work_.push_back({static_cast<int32_t>(s), h, p * partition, std::min(ctx, (p + 1) * partition), slot});
+        }
+        if (parts > 1) num_parts_ += parts;
+      } else {
+        for (int i0 = 0; i0 < q_len; i0 += kQueryTile)
+          for (int h = 0; h < a_.kv_heads; ++h)
+            work_.push_back({static_cast<int32_t>(s), h, i0, std::min(q_len, i0 + kQueryTile), -1});
+      }
+    }
+    // Longest work first, so the dynamic schedule does not end on one straggler.
+    std::stable_sort(work_.begin(), work_.end(), [&](const WorkItem& x, const WorkItem& y) {
+      return cost(x) > cost(y);
+    });
+  }
+
+  int64_t cost(const WorkItem& w) const {
+    if (w.part >= 0 || query_len(w.seq) == 1) return w.end - w.begin;
+    const int64_t last_pos = a_.seq_lens[w.seq] - query_len(w.seq) + w.end;
+    return last_pos * (w.end - w.begin);
+  }
+
+  // Loads the group's query rows of token `t` as float32, pre-multiplied by the softmax scale.
+  void load_queries(float* qf, int64_t token, int kv_head) const {
+    const Q* q = q_ + token * a_.q_token_stride + static_cast<int64_t>(kv_head) * group_ * D_;
+    load_scaled(qf, q, a_.scale, group_ * D_);
+  }
+
+  void store_output(int64_t token, int head, const float* acc, float inv_l) const {
+    store_scaled(out_ + token * a_.out_token_stride + static_cast<int64_t>(head) * D_, acc, inv_l, D_);
+  }
+
+  // One token's queries against keys [w.begin, w.end), a block at a time.
+  void decode(const WorkItem& w) const {
+    thread_local Scratch scratch;
+    const int G = group_, BS = a_.block_size;
+    float* qf = scratch.get(static_cast<size_t>(G) * (2 * D_ + BS + 2));
+    float* acc = qf + G * D_;
+    float* s = acc + G * D_;  // [G][BS]
+    float* ml = s + G * BS;
+    OnlineSoftmax sm{ml, ml + G, acc, D_};
+    sm.init(G);
+    const int64_t token = a_.query_start_loc[w.seq];
+    load_queries(qf, token, w.kv_head);
+    for (int b0 = w.begin; b0 < w.end;) {
+      const int n = std::min(w.end, (b0 / BS + 1) * BS) - b0;
+      const KV* k = key_row(w.seq, b0, w.kv_head);
+      for (int t = 0; t < n; ++t, k += row_)
+        for (int g = 0; g < G; ++g) s[g * BS + t] = dot(qf + g * D_, k, D_);
+      for (int g = 0; g < G; ++g) sm.update(g, s + g * BS, n);
+      const KV* v = value_row(w.seq, b0, w.kv_head);
+      for (int t = 0; t < n; ++t, v += row_)
+        for (int g = 0; g < G; ++g) axpy(acc + g * D_, s[g * BS + t], v, D_);
+      b0 += n;
+    }
+    for (int g = 0; g < G; ++g) {
+      const int head = w.kv_head * G + g;
+      if (w.part < 0) {
+        store_output(token, head, acc + g * D_, sm.l[g] > 0.f ? 1.f / sm.l[g] : 0.f);
+      } else {
+        float* dst = workspace_.data() + (w.part * a_.num_heads + head) * (D_ + 2);
+        dst[0] = sm.m[g];
+        dst[1] = sm.l[g];
+        std::copy(acc + g * D_, acc + (g + 1) * D_, dst + 2);
+      }
+    }
+  }
+
+  void merge(const Merge& mg, int head) const {
+    thread_local Scratch scratch;
+    float* acc = scratch.get(D_);
+    std::fill(acc, acc + D_, 0.f);
+    float m = -INFINITY;
+    for (int p = 0; p < mg.num_parts; ++p)
+      m = std::max(m, workspace_[((mg.first_part + p) * a_.num_heads + head) * (D_ + 2)]);
+    float l = 0.f;
+    for (int p = 0; p < mg.num_parts; ++p) {
+      const float* src = workspace_.data() + ((mg.first_part + p) * a_.num_heads + head) * (D_ + 2);
+      if (src[0] == -INFINITY) continue;
+      const float w = std::exp(src[0] - m);
+      l += src[1] * w;
+      axpy(acc, w, src + 2, D_);
+    }
+    store_output(a_.query_start_loc[mg.seq], head, acc, l > 0.f ? 1.f / l : 0.f);
+  }
+
+  // A tile of queries [w.begin, w.end) of one sequence: per key block, the block is converted once
+  // to float32 (K transposed so scores vectorise over keys without horizontal sums), then every
+  // query row of the tile is scored, masked causally, and accumulated.
+  void prefill(const WorkItem& w) const {
+    constexpr int W = VecF::W;
+    thread_local Scratch scratch;
+    const int G = group_, BS = a_.block_size;
+    const int NP = (BS + W - 1) / W * W;  // padded keys per block
+    const int rows = (w.end - w.begin) * G;
+    float* qf = scratch.get(static_cast<size_t>(rows) * (2 * D_ + NP + 2) + static_cast<size_t>(D_) * NP * 2);
+    float* acc = qf + rows * D_;
+    float* s = acc + rows * D_;   // [rows][NP]
+    float* ml = s + static_cast<int64_t>(rows) * NP;
+    float* kt = ml + 2 * rows;    // [D][NP]
+    float* vf = kt + static_cast<int64_t>(D_) * NP;  // [BS][D]
+    OnlineSoftmax sm{ml, ml + rows, acc, D_};
+    sm.init(rows);
+    const int q_len = query_len(w.seq);
+    const int first_pos = a_.seq_lens[w.seq] - q_len;  // position of query 0
+    const int64_t token0 = a_.query_start_loc[w.seq] + w.begin;
+    for (int i = w.begin; i < w.end; ++i) load_queries(qf + (i - w.begin) * G * D_, token0 + i - w.begin, w.kv_head);
+    const int last_pos = first_pos + w.end - 1;
+    for (int b0 = 0; b0 <= last_pos; b0 += BS) {
+      const int n = std::min(BS, last_pos + 1 - b0);
+      transpose_block(kt, NP, key_row(w.seq, b0, w.kv_head), n);
+      const KV* v = value_row(w.seq, b0, w.kv_head);
+      for (int t = 0; t < n; ++t, v += row_) load_scaled(vf + t * D_, v, 1.f, D_);
+      // Queries before this block's first key see none of it.
+      for (int i = std::max(w.begin, b0 - first_pos); i < w.end; ++i) {
+        const int pos = first_pos + i;
+        const int valid = std::min(n, pos - b0 + 1);
+        for (int g = 0; g < G; ++g) {
+          const int r = (i - w.begin) * G + g;
+          float* sr = s + static_cast<int64_t>(r) * NP;
+          score_row(sr, qf + r * D_, kt, NP, valid);
+          if (!sm.update(r, sr, valid)) continue;
+          float* ar = acc + r * D_;
+          for (int t = 0; t < valid; ++t) axpy(ar, sr[t], vf + t * D_, D_);
+        }
+      }
+    }
+    for (int i = w.begin; i < w.end; ++i)
+      for (int g = 0; g < G; ++g) {
+        const int r = (i - w.begin) * G + g;
+        store_output(token0 + i - w.begin, w.kv_head * G + g, acc + r * D_, sm.l[r] > 0.f ? 1.f / sm.l[r] : 0.f);
+      }
+  }
+
+  // kt[d][t] = float(k[t][d]) for t < n; zero for the padding up to NP.
+  void transpose_block(float* kt, int NP, const KV* k, int n) const {
+    for (int t = 0; t < n; ++t, k += row_)
+      for (int d = 0; d < D_; ++d) kt[d * NP + t] = to_float(k[d]);
+    for (int d = 0; d < D_; ++d) std::fill(kt + d * NP + n, kt + (d + 1) * NP, 0.f);
+  }
+
+  static float to_float(float x) { return x; }
+  static float to_float(bf16_t x) { return bf16_to_float(x); }
+
+  // s[t] = q . k_t for t < valid, computed over vectors of keys.
+  void score_row(float* s, const float* q, const float* kt, int NP, int valid) const {
+    constexpr int W = VecF::W;
+    const int nv = (valid + W - 1) / W;
+    int c = 0;
+    for (; c + 4 <= nv; c += 4) score_chunk<4>(s, q, kt, NP, c * W);
+    switch (nv - c) {
+      case 3: score_chunk<3>(s, q, kt, NP, c * W); break;
+      case 2: score_chunk<2>(s, q, kt, NP, c * W); break;
+      case 1: score_chunk<1>(s, q, kt, NP, c * W); break;
+      default: break;
+    }
+  }
+
+  template <int NV>
+  void score_chunk(float* s, const float* q, const float* kt, int NP, int t0) const {
+    constexpr int W = VecF::W;
+    VecF acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = VecF::zero();
+    for (int d = 0; d < D_; ++d) {
+      const VecF qd = VecF::set1(q[d]);
+      const float* row = kt + static_cast<int64_t>(d) * NP + t0;
+      for (int j = 0; j < NV; ++j) acc[j] = VecF::fma(qd, VecF::load(row + j * W), acc[j]);
+    }
+    for (int j = 0; j < NV; ++j) acc[j].store(s + t0 + j * W);
+  }
+
+  const PagedAttentionArgs& a_;
+  const Q* q_;
+  const KV* kc_;
+  const KV* vc_;
+  Q* out_;
+  const int group_;
+  const int D_;
+  const int64_t row_;
+  std::vector<WorkItem> work_;
+  std::vector<Merge> merges_;
+  int64_t num_parts_ = 0;
+  mutable std::vector<float> workspace_;
+};
+
+}  // namespace
+
+void paged_attention(const PagedAttentionArgs& a) {
+  const bool q32 = a.q_dtype == DType::kFloat32, kv32 = a.kv_dtype == DType::kFloat32;
+  if (q32 && kv32) Attention<float, float>(a).run();
+  else if (q32) Attention<float, bf16_t>(a).run();
+  else if (kv32) Attention<bf16_t, float>(a).run();
+  else Attention<bf16_t, bf16_t>(a).run();
+}
+
+}  // namespace MINDIE_ISA_NS
+}  // namespace mindie::kernels::cpu

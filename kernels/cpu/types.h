@@ -1,0 +1,32 @@
+// Plain data types shared by the kernels and the host code: no intrinsics, no Python.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace mindie::kernels::cpu {
+
+// bfloat16 travels as its raw 16 bits; the upper half of an IEEE float32.
+using bf16_t = uint16_t;
+
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1 };
+
+inline float bf16_to_float(bf16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as torch does; NaN stays a quiet NaN.
+inline bf16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<bf16_t>(0x7FC0);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<bf16_t>(u >> 16);
+}
+
+inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+}  // namespace mindie::kernels::cpu
