@@ -28,3 +28,60 @@ def paged_attention(
     scale: float,
     partition_size: int = 0,
 ) -> None: ...
+
+# --- layers ---
+def rms_norm(out: Tensor, x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> None: ...
+def rotary_embedding(
+    positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor, neox: bool = True
+) -> None: ...
+def silu_and_mul(out: Tensor, x: Tensor) -> None: ...
+
+# --- sampling ---
+MAX_TOP_LOGPROBS: int
+
+def sample(
+    out_tokens: Tensor,
+    out_logprobs: Tensor,
+    out_top_logprobs: Tensor,
+    out_top_ids: Tensor,
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    seed: Tensor,
+    step: Tensor,
+    repetition_penalty: Tensor | None,
+    presence_penalty: Tensor | None,
+    frequency_penalty: Tensor | None,
+    prompt_tokens: Tensor | None,
+    prompt_offsets: Tensor | None,
+    output_tokens: Tensor | None,
+    output_offsets: Tensor | None,
+    num_logprobs: int,
+) -> None: ...
+
+# --- beam search ---
+def beam_search_step(
+    logprobs: Tensor,
+    beam_scores: Tensor,
+    eos_token_ids: Tensor,
+    cur_len: int,
+    length_penalty: float,
+    early_stopping: bool | str,
+    max_len: int,
+    pad_token_id: int,
+    hyp_scores: Tensor,
+    hyp_order: Tensor,
+    num_hyps: Tensor,
+    worst_score: Tensor,
+    done: Tensor,
+    next_parents: Tensor,
+    next_tokens: Tensor,
+    next_scores: Tensor,
+    fin_parents: Tensor,
+    fin_tokens: Tensor,
+    fin_logprobs: Tensor,
+    fin_scores: Tensor,
+    fin_slots: Tensor,
+    fin_count: Tensor,
+) -> None: ...

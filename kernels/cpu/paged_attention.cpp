@@ -14,11 +14,12 @@ namespace {
 constexpr int kQueryTile = 16;        // prefill queries per work item
 constexpr int kMinPartition = 256;    // smallest decode split worth its merge
 
-// One unit of parallel work: a kv head of one sequence, over a range of its keys (decode) or of
-// its queries (prefill). `part` >= 0 marks a decode split whose partial result goes to workspace.
+// One unit of parallel work. Decode: every head of one sequence over a range of its keys, so each
+// cache block is read as one contiguous stream. Prefill: one kv head of one sequence over a tile
+// of its queries. `part` >= 0 marks a decode split whose partial result goes to the workspace.
 struct WorkItem {
   int32_t seq;
-  int32_t kv_head;
+  int32_t kv_head;  // prefill only
   int32_t begin;  // decode: first key position; prefill: first query index within the sequence
   int32_t end;
   int64_t part;   // decode split slot in the workspace, or -1
@@ -39,17 +40,22 @@ struct OnlineSoftmax {
   // Turns scores s[0..n) of row r into probabilities relative to the new running max and rescales
   // the row's accumulator. Returns false when every score is masked (-inf): nothing to add.
   bool update(int r, float* s, int n) {
+    const float m_old = m[r];
+    if (!update_scores(r, s, n)) return false;
+    if (m_old != m[r]) {
+      float* a = acc + static_cast<int64_t>(r) * head_dim;
+      load_scaled(a, a, m_old == -INFINITY ? 0.f : std::exp(m_old - m[r]), head_dim);
+    }
+    return true;
+  }
+  // The same without touching acc, for callers that keep the accumulator elsewhere.
+  bool update_scores(int r, float* s, int n) {
     const float bm = row_max(s, n);
     if (bm == -INFINITY) return false;
     const float m_new = std::max(m[r], bm);
     const float alpha = m[r] == -INFINITY ? 0.f : std::exp(m[r] - m_new);
-    const float sum = exp_sub_sum(s, m_new, n);
-    l[r] = l[r] * alpha + sum;
+    l[r] = l[r] * alpha + exp_sub_sum(s, m_new, n);
     m[r] = m_new;
-    if (alpha != 1.f) {
-      float* a = acc + static_cast<int64_t>(r) * head_dim;
-      load_scaled(a, a, alpha, head_dim);
-    }
     return true;
   }
 };
@@ -117,7 +123,7 @@ class Attention {
     if (partition <= 0) {
       // Split long decode contexts only when the batch alone cannot keep every thread busy.
       const int64_t want = 4LL * get_num_threads();
-      const int64_t have = decode_rows * a_.kv_heads;
+      const int64_t have = decode_rows;
       int64_t longest = 0;
       for (int64_t s = 0; s < a_.num_seqs; ++s)
         if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s]);
@@ -137,8 +143,7 @@ class Attention {
         if (parts > 1) merges_.push_back({static_cast<int32_t>(s), num_parts_, parts});
         for (int p = 0; p < parts; ++p) {
           const int64_t slot = parts > 1 ? num_parts_ + p : -1;
-          for (int h = 0; h < a_.kv_heads; ++h)
-            work_.push_back({static_cast<int32_t>(s), h, p * partition, std::min(ctx, (p + 1) * partition), slot});
+          work_.push_back({static_cast<int32_t>(s), 0, p * partition, std::min(ctx, (p + 1) * partition), slot});
         }
         if (parts > 1) num_parts_ += parts;
       } else {
@@ -154,7 +159,7 @@ class Attention {
   }
 
   int64_t cost(const WorkItem& w) const {
-    if (w.part >= 0 || query_len(w.seq) == 1) return w.end - w.begin;
+    if (w.part >= 0 || query_len(w.seq) == 1) return static_cast<int64_t>(w.end - w.begin) * a_.kv_heads;
     const int64_t last_pos = a_.seq_lens[w.seq] - query_len(w.seq) + w.end;
     return last_pos * (w.end - w.begin);
   }
@@ -169,40 +174,138 @@ class Attention {
     store_scaled(out_ + token * a_.out_token_stride + static_cast<int64_t>(head) * D_, acc, inv_l, D_);
   }
 
-  // One token's queries against keys [w.begin, w.end), a block at a time.
+  // One token's queries against keys [w.begin, w.end), a block at a time and, within a block, a
+  // kv head at a time: scores, online-softmax update, then the weighted values. Head dims that
+  // fill whole vectors keep queries and accumulators in registers (decode_fixed).
   void decode(const WorkItem& w) const {
     thread_local Scratch scratch;
-    const int G = group_, BS = a_.block_size;
-    float* qf = scratch.get(static_cast<size_t>(G) * (2 * D_ + BS + 2));
-    float* acc = qf + G * D_;
-    float* s = acc + G * D_;  // [G][BS]
-    float* ml = s + G * BS;
-    OnlineSoftmax sm{ml, ml + G, acc, D_};
-    sm.init(G);
+    const int H = a_.num_heads, BS = a_.block_size, G = group_;
+    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G) * BS);
+    float* acc = qf + H * D_;
+    float* ml = acc + H * D_;
+    float* s = ml + 2 * H;  // [G][BS], reused per kv head
+    OnlineSoftmax sm{ml, ml + H, acc, D_};
+    sm.init(H);
     const int64_t token = a_.query_start_loc[w.seq];
-    load_queries(qf, token, w.kv_head);
+    load_scaled(qf, q_ + token * a_.q_token_stride, a_.scale, H * D_);
     for (int b0 = w.begin; b0 < w.end;) {
       const int n = std::min(w.end, (b0 / BS + 1) * BS) - b0;
-      const KV* k = key_row(w.seq, b0, w.kv_head);
-      for (int t = 0; t < n; ++t, k += row_)
-        for (int g = 0; g < G; ++g) s[g * BS + t] = dot(qf + g * D_, k, D_);
-      for (int g = 0; g < G; ++g) sm.update(g, s + g * BS, n);
-      const KV* v = value_row(w.seq, b0, w.kv_head);
-      for (int t = 0; t < n; ++t, v += row_)
-        for (int g = 0; g < G; ++g) axpy(acc + g * D_, s[g * BS + t], v, D_);
+      const int next = b0 + n;
+      const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
+      const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0),
+                           n_next > 0 ? key_row(w.seq, next, 0) : nullptr, n, n_next};
+      for (int h = 0; h < a_.kv_heads; ++h)
+        for (int g0 = 0; g0 < G; g0 += 4) {
+          const int head0 = h * G + g0, gc = std::min(4, G - g0);
+          if (!decode_fixed_dispatch(rows, h, head0, gc, qf, s, sm)) decode_general(rows, h, head0, gc, qf, s, sm);
+        }
       b0 += n;
     }
-    for (int g = 0; g < G; ++g) {
-      const int head = w.kv_head * G + g;
+    for (int head = 0; head < H; ++head) {
       if (w.part < 0) {
-        store_output(token, head, acc + g * D_, sm.l[g] > 0.f ? 1.f / sm.l[g] : 0.f);
+        store_output(token, head, acc + head * D_, sm.l[head] > 0.f ? 1.f / sm.l[head] : 0.f);
       } else {
-        float* dst = workspace_.data() + (w.part * a_.num_heads + head) * (D_ + 2);
-        dst[0] = sm.m[g];
-        dst[1] = sm.l[g];
-        std::copy(acc + g * D_, acc + (g + 1) * D_, dst + 2);
+        float* dst = workspace_.data() + (w.part * H + head) * (D_ + 2);
+        dst[0] = sm.m[head];
+        dst[1] = sm.l[head];
+        std::copy(acc + head * D_, acc + (head + 1) * D_, dst + 2);
       }
     }
+  }
+
+  // The rows of one block segment (kv head 0; head h is h * head_dim further) and of the next.
+  struct BlockRows {
+    const KV* k;
+    const KV* v;
+    const KV* k_next;
+    int n;
+    int n_next;
+  };
+
+  // Heads head0..head0+gc-1 (sharing kv head h) over one block segment; scores go to s[g][t].
+  void decode_general(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                      OnlineSoftmax& sm) const {
+    const int BS = a_.block_size;
+    const KV* k = rows.k + h * D_;
+    for (int t = 0; t < rows.n; ++t, k += row_)
+      for (int g = 0; g < gc; ++g) s[g * BS + t] = dot(qf + (head0 + g) * D_, k, D_);
+    for (int g = 0; g < gc; ++g) sm.update(head0 + g, s + g * BS, rows.n);
+    const KV* v = rows.v + h * D_;
+    for (int t = 0; t < rows.n; ++t, v += row_)
+      for (int g = 0; g < gc; ++g) axpy(sm.acc + (head0 + g) * D_, s[g * BS + t], v, D_);
+  }
+
+  bool decode_fixed_dispatch(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                             OnlineSoftmax& sm) const {
+    constexpr int W = VecF::W;
+    if constexpr (W > 1) {
+      if (D_ == 4 * W) return decode_fixed_gc<4>(rows, h, head0, gc, qf, s, sm);
+      if (D_ == 8 * W) return decode_fixed_gc<8>(rows, h, head0, gc, qf, s, sm);
+    }
+    return false;
+  }
+
+  template <int DV>
+  bool decode_fixed_gc(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                       OnlineSoftmax& sm) const {
+    switch (gc) {
+      case 1: decode_fixed<1, DV>(rows, h, head0, qf, s, sm); return true;
+      case 2: decode_fixed<2, DV>(rows, h, head0, qf, s, sm); return true;
+      case 3: decode_fixed<3, DV>(rows, h, head0, qf, s, sm); return true;
+      case 4: decode_fixed<4, DV>(rows, h, head0, qf, s, sm); return true;
+      default: return false;
+    }
+  }
+
+  template <int GC, int DV>
+  void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
+    constexpr int W = VecF::W;
+    const int BS = a_.block_size, n = rows.n;
+    const int row_bytes = D_ * static_cast<int>(sizeof(KV));
+    VecF q[GC][DV], acc[GC][DV];
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) {
+        q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
+        acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
+      }
+    // Ask for this block's values during the key pass and for the next block's keys during the
+    // value pass: blocks are scattered, so the hardware prefetcher restarts at every block.
+    const KV* k = rows.k + h * D_;
+    const KV* v_ahead = rows.v + h * D_;
+    for (int t = 0; t < n; ++t, k += row_) {
+      prefetch(v_ahead + t * row_, row_bytes);
+      VecF kv[DV];
+      for (int j = 0; j < DV; ++j) kv[j] = VecF::load(k + j * W);
+      for (int g = 0; g < GC; ++g) {
+        VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
+        for (int j = 2; j < DV; j += 2) {
+          p0 = VecF::fma(q[g][j], kv[j], p0);
+          p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
+        }
+        s[g * BS + t] = (p0 + p1).reduce_add();
+      }
+    }
+    for (int g = 0; g < GC; ++g) {
+      const float m_old = sm.m[head0 + g];
+      if (!sm.update_scores(head0 + g, s + g * BS, n)) continue;
+      if (m_old != sm.m[head0 + g]) {
+        const VecF alpha = VecF::set1(m_old == -INFINITY ? 0.f : std::exp(m_old - sm.m[head0 + g]));
+        for (int j = 0; j < DV; ++j) acc[g][j] = acc[g][j] * alpha;
+      }
+    }
+    const KV* v = rows.v + h * D_;
+    const KV* k_ahead = rows.k_next != nullptr ? rows.k_next + h * D_ : nullptr;
+    for (int t = 0; t < n; ++t, v += row_) {
+      if (t < rows.n_next) prefetch(k_ahead + t * row_, row_bytes);
+      VecF vv[DV];
+      for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + j * W);
+      for (int g = 0; g < GC; ++g) {
+        const VecF p = VecF::set1(s[g * BS + t]);
+        for (int j = 0; j < DV; ++j) acc[g][j] = VecF::fma(p, vv[j], acc[g][j]);
+      }
+    }
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) acc[g][j].store(sm.acc + (head0 + g) * D_ + j * W);
   }
 
   void merge(const Merge& mg, int head) const {

@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from reference.attention import paged_attention as ref_paged_attention
+
+from mindie import ops
+
+DTYPES = {  # (query dtype, kv dtype) -> (atol, rtol)
+    (torch.float32, torch.float32): (2e-5, 2e-5),
+    (torch.bfloat16, torch.bfloat16): (1.6e-2, 1.6e-2),
+    (torch.float32, torch.bfloat16): (2e-5, 2e-5),
+}
+
+
+def make_batch(
+    q_lens: list[int],
+    ctx_lens: list[int],
+    num_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    gen: torch.Generator,
+    spare_blocks: int = 3,
+) -> dict:
+    blocks_per_seq = [math.ceil(c / block_size) for c in ctx_lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    max_blocks = max([*blocks_per_seq, 1]) + 1  # one unused column: tables are wider than needed
+    tables = torch.full((len(q_lens), max_blocks), -7, dtype=torch.int32)  # junk past the end
+    used = 0
+    for s, n in enumerate(blocks_per_seq):
+        tables[s, :n] = perm[used : used + n]
+        used += n
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    return dict(
+        query=torch.randn(sum(q_lens), num_heads, head_dim, generator=gen).to(q_dtype),
+        key_cache=torch.randn(shape, generator=gen).to(kv_dtype),
+        value_cache=torch.randn(shape, generator=gen).to(kv_dtype),
+        block_tables=tables,
+        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32),
+        seq_lens=torch.tensor(ctx_lens, dtype=torch.int32),
+        scale=1.0 / math.sqrt(head_dim),
+    )
+
+
+def check(batch: dict, partition_size: int = 0) -> None:
+    out = ops.paged_attention(**batch, partition_size=partition_size)
+    ref = ref_paged_attention(**batch)
+    atol, rtol = DTYPES[(batch["query"].dtype, batch["key_cache"].dtype)]
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize(
+    "num_heads,kv_heads,head_dim", [(4, 4, 64), (9, 3, 64), (8, 1, 33), (6, 2, 17), (2, 1, 128)]
+)
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+def test_decode_matches_reference(isa, q_dtype, kv_dtype, num_heads, kv_heads, head_dim, block_size):
+    gen = torch.Generator().manual_seed(1)
+    # Lengths on and around block boundaries, batch of many.
+    ctx = [1, block_size - 1 or 1, block_size, block_size + 1, 2 * block_size + 3, 40]
+    check(make_batch([1] * len(ctx), ctx, num_heads, kv_heads, head_dim, block_size, q_dtype, kv_dtype, gen))
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("partition_size", [1, 7, 32])
+def test_decode_split_context(isa, q_dtype, kv_dtype, partition_size):
+    gen = torch.Generator().manual_seed(2)
+    ctx = [300, 33, 1, 64]
+    check(make_batch([1] * 4, ctx, 9, 3, 64, 16, q_dtype, kv_dtype, gen), partition_size)
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("block_size", [1, 7, 16, 32])
+def test_prefill_and_extend(isa, q_dtype, kv_dtype, block_size):
+    gen = torch.Generator().manual_seed(3)
+    # Full prefill, chunked prefill / prefix hit (q_len < ctx), decode rows mixed in.
+    q_lens = [37, 5, 1, 16, 17, 1]
+    ctx = [37, 70, 20, 16, 50, 1]
+    check(make_batch(q_lens, ctx, 9, 3, 64, block_size, q_dtype, kv_dtype, gen))
+
+
+def test_randomized(isa):
+    rng = random.Random(4)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(25):
+        kv_heads = rng.choice([1, 2, 3])
+        num_heads = kv_heads * rng.choice([1, 2, 3, 4])
+        head_dim = rng.choice([8, 15, 32, 64, 80])
+        block_size = rng.choice([1, 3, 8, 16, 32])
+        n = rng.choice([1, 1, 2, 5, 9])
+        ctx = [rng.randint(1, 90) for _ in range(n)]
+        q_lens = [rng.choice([1, c, rng.randint(1, c)]) for c in ctx]
+        q_dtype, kv_dtype = rng.choice(list(DTYPES))
+        batch = make_batch(q_lens, ctx, num_heads, kv_heads, head_dim, block_size, q_dtype, kv_dtype, gen)
+        check(batch, rng.choice([0, 0, 16]))
+
+
+def test_empty_batch_and_zero_length_queries(isa):
+    gen = torch.Generator().manual_seed(5)
+    batch = make_batch([], [], 4, 2, 16, 8, torch.float32, torch.float32, gen)
+    assert ops.paged_attention(**batch).shape == (0, 4, 16)
+    # A sequence with no new tokens contributes no rows and is skipped.
+    check(make_batch([0, 3], [4, 3], 4, 2, 16, 8, torch.float32, torch.float32, gen))
+
+
+def test_output_into_strided_view(isa):
+    gen = torch.Generator().manual_seed(6)
+    batch = make_batch([3, 1], [5, 9], 4, 2, 16, 4, torch.float32, torch.float32, gen)
+    wide = torch.zeros(4, 6, 16)
+    out = wide[:, 1:5]  # token stride 96, heads and dims dense
+    ops.paged_attention(**batch, out=out)
+    torch.testing.assert_close(out, ref_paged_attention(**batch), atol=2e-5, rtol=2e-5)
+    assert torch.count_nonzero(wide[:, 0]) == 0 and torch.count_nonzero(wide[:, 5]) == 0
+
+
+def bad(batch: dict, **changes) -> dict:
+    return {**batch, **changes}
+
+
+def test_bad_arguments_raise():
+    gen = torch.Generator().manual_seed(7)
+    b = make_batch([2, 1], [5, 9], 4, 2, 16, 4, torch.float32, torch.float32, gen)
+    cases = [
+        (bad(b, block_tables=b["block_tables"].masked_fill(b["block_tables"] >= 0, 99)), "out of range"),
+        (bad(b, block_tables=b["block_tables"].masked_fill(b["block_tables"] >= 0, -1)), "out of range"),
+        (bad(b, block_tables=b["block_tables"].long()), "int32"),
+        (bad(b, block_tables=b["block_tables"][:, :1]), "columns"),
+        (bad(b, seq_lens=torch.tensor([1, 9], dtype=torch.int32)), "smaller than"),
+        (bad(b, seq_lens=torch.tensor([5], dtype=torch.int32)), "num_seqs"),
+        (bad(b, query_start_loc=torch.tensor([0, 2, 4], dtype=torch.int32)), "query_start_loc"),
+        (bad(b, query_start_loc=torch.tensor([0, 4, 3], dtype=torch.int32)), "non-decreasing"),
+        (bad(b, query=b["query"].double()), "float32 or bfloat16"),
+        (bad(b, query=torch.randn(3, 3, 16)), "multiple of kv_heads"),
+        (bad(b, query=torch.randn(3, 4, 8)), "head_dim"),
+        (bad(b, query=torch.randn(3, 16, 4).transpose(1, 2)), "contiguous"),
+        (bad(b, key_cache=b["key_cache"].transpose(0, 1)), "contiguous"),
+        (bad(b, value_cache=b["value_cache"].bfloat16()), "dtype"),
+        (bad(b, scale=float("nan")), "scale"),
+        (bad(b, out=[1.0, 2.0]), "DLPack"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises((ValueError, TypeError), match=message):
+            ops.paged_attention(**kwargs)
+    with pytest.raises(ValueError, match="out"):
+        ops.paged_attention(**b, out=torch.empty(3, 4, 16, dtype=torch.bfloat16))

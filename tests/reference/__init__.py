@@ -1,0 +1,1 @@
+"""Plain-PyTorch references: one small readable function per kernel, the spec the C++ must meet."""
