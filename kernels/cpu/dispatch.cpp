@@ -91,6 +91,18 @@ std::vector<Isa> available_isas() {
   return out;
 }
 
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
 
 void set_active_isa(Isa isa) {

@@ -16,6 +16,8 @@ Isa active_isa();
 // Forces a variant (tests compare them); throws std::invalid_argument if it is not available.
 void set_active_isa(Isa isa);
 const char* isa_name(Isa isa);
+// AVX512-BF16 (vdpbf16ps): the AVX-512 variant uses it for bf16 x bf16 dot products when present.
+bool cpu_has_avx512_bf16();
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

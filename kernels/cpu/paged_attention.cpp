@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "cpu/dispatch.h"
 #include "cpu/parallel.h"
 #include "cpu/vec.h"
 
@@ -180,10 +182,10 @@ class Attention {
   void decode(const WorkItem& w) const {
     thread_local Scratch scratch;
     const int H = a_.num_heads, BS = a_.block_size, G = group_;
-    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G) * BS);
+    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS);
     float* acc = qf + H * D_;
     float* ml = acc + H * D_;
-    float* s = ml + 2 * H;  // [G][BS], reused per kv head
+    float* s = ml + 2 * H;  // [G][BS] scores, reused per kv head, then [BS][4] for decode_fixed
     OnlineSoftmax sm{ml, ml + H, acc, D_};
     sm.init(H);
     const int64_t token = a_.query_start_loc[w.seq];
@@ -193,7 +195,7 @@ class Attention {
       const int next = b0 + n;
       const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
       const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0),
-                           n_next > 0 ? key_row(w.seq, next, 0) : nullptr, n, n_next};
+                           n_next > 0 ? key_row(w.seq, next, 0) : nullptr, n, n_next, token};
       for (int h = 0; h < a_.kv_heads; ++h)
         for (int g0 = 0; g0 < G; g0 += 4) {
           const int head0 = h * G + g0, gc = std::min(4, G - g0);
@@ -220,6 +222,7 @@ class Attention {
     const KV* k_next;
     int n;
     int n_next;
+    int64_t token;  // the query token
   };
 
   // Heads head0..head0+gc-1 (sharing kv head h) over one block segment; scores go to s[g][t].
@@ -248,43 +251,93 @@ class Attention {
   template <int DV>
   bool decode_fixed_gc(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
                        OnlineSoftmax& sm) const {
+#if MINDIE_BF16_DOT
+    // bf16 queries against bf16 keys: vdpbf16ps multiplies the raw pairs exactly and sums in
+    // float32, the same arithmetic as converting first, with half the instructions.
+    if constexpr (std::is_same_v<Q, bf16_t> && std::is_same_v<KV, bf16_t>) {
+      if (cpu_has_avx512_bf16()) {
+        switch (gc) {
+          case 1: decode_fixed<1, DV, true>(rows, h, head0, qf, s, sm); return true;
+          case 2: decode_fixed<2, DV, true>(rows, h, head0, qf, s, sm); return true;
+          case 3: decode_fixed<3, DV, true>(rows, h, head0, qf, s, sm); return true;
+          case 4: decode_fixed<4, DV, true>(rows, h, head0, qf, s, sm); return true;
+          default: return false;
+        }
+      }
+    }
+#endif
     switch (gc) {
-      case 1: decode_fixed<1, DV>(rows, h, head0, qf, s, sm); return true;
-      case 2: decode_fixed<2, DV>(rows, h, head0, qf, s, sm); return true;
-      case 3: decode_fixed<3, DV>(rows, h, head0, qf, s, sm); return true;
-      case 4: decode_fixed<4, DV>(rows, h, head0, qf, s, sm); return true;
+      case 1: decode_fixed<1, DV, false>(rows, h, head0, qf, s, sm); return true;
+      case 2: decode_fixed<2, DV, false>(rows, h, head0, qf, s, sm); return true;
+      case 3: decode_fixed<3, DV, false>(rows, h, head0, qf, s, sm); return true;
+      case 4: decode_fixed<4, DV, false>(rows, h, head0, qf, s, sm); return true;
       default: return false;
     }
   }
 
-  template <int GC, int DV>
-  void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
+  // Scores of GC heads against n keys into st[t][4] (token-major). The float path uses the
+  // pre-scaled float32 queries in qf; the bf16 path the raw bf16 queries, scaled afterwards.
+  template <int GC, int DV, bool kBf16Dot>
+  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st) const {
     constexpr int W = VecF::W;
-    const int BS = a_.block_size, n = rows.n;
-    const int row_bytes = D_ * static_cast<int>(sizeof(KV));
-    VecF q[GC][DV], acc[GC][DV];
-    for (int g = 0; g < GC; ++g)
-      for (int j = 0; j < DV; ++j) {
-        q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
-        acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
+#if MINDIE_BF16_DOT
+    if constexpr (kBf16Dot) {
+      constexpr int DP = DV / 2;  // 32 bf16 per register
+      const bf16_t* qb = reinterpret_cast<const bf16_t*>(q_) + token * a_.q_token_stride;
+      __m512bh q[GC][DP];
+      for (int g = 0; g < GC; ++g)
+        for (int j = 0; j < DP; ++j) q[g][j] = (__m512bh)_mm512_loadu_si512(qb + (head0 + g) * D_ + j * 32);
+      const __m512 scale = _mm512_set1_ps(a_.scale);
+      for (int t = 0; t < n; ++t, k += row_) {
+        __m512bh kb[DP];
+        for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(k + j * 32);
+        VecF p[4] = {VecF::zero(), VecF::zero(), VecF::zero(), VecF::zero()};
+        for (int g = 0; g < GC; ++g) {
+          __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
+          for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
+          p[g] = VecF(_mm512_mul_ps(acc, scale));
+        }
+        VecF::reduce_add4(p[0], p[1], p[2], p[3], st + 4 * t);
       }
-    // Ask for this block's values during the key pass and for the next block's keys during the
-    // value pass: blocks are scattered, so the hardware prefetcher restarts at every block.
-    const KV* k = rows.k + h * D_;
-    const KV* v_ahead = rows.v + h * D_;
+      return;
+    }
+#endif
+    (void)token;
+    VecF q[GC][DV];
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
     for (int t = 0; t < n; ++t, k += row_) {
-      prefetch(v_ahead + t * row_, row_bytes);
       VecF kv[DV];
       for (int j = 0; j < DV; ++j) kv[j] = VecF::load(k + j * W);
+      VecF p[4] = {VecF::zero(), VecF::zero(), VecF::zero(), VecF::zero()};
       for (int g = 0; g < GC; ++g) {
         VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
         for (int j = 2; j < DV; j += 2) {
           p0 = VecF::fma(q[g][j], kv[j], p0);
           p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
         }
-        s[g * BS + t] = (p0 + p1).reduce_add();
+        p[g] = p0 + p1;
       }
+      VecF::reduce_add4(p[0], p[1], p[2], p[3], st + 4 * t);
     }
+  }
+
+  template <int GC, int DV, bool kBf16Dot>
+  void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
+    constexpr int W = VecF::W;
+    const int BS = a_.block_size, n = rows.n;
+    const int row_bytes = D_ * static_cast<int>(sizeof(KV));
+    float* st = s + GC * BS;  // [BS][4]
+    VecF acc[GC][DV];
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
+    // Ask for this block's values now and for the next block's keys during the value pass:
+    // blocks are scattered, so the hardware prefetcher restarts at every block.
+    const KV* v_ahead = rows.v + h * D_;
+    for (int t = 0; t < n; ++t) prefetch(v_ahead + t * row_, row_bytes);
+    score_keys<GC, DV, kBf16Dot>(rows.k + h * D_, n, head0, qf, rows.token, st);
+    for (int g = 0; g < GC; ++g)
+      for (int t = 0; t < n; ++t) s[g * BS + t] = st[4 * t + g];
     for (int g = 0; g < GC; ++g) {
       const float m_old = sm.m[head0 + g];
       if (!sm.update_scores(head0 + g, s + g * BS, n)) continue;

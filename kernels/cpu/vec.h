@@ -69,6 +69,15 @@ struct VecF {
   static VecF min(VecF a, VecF b) { return VecF(_mm512_min_ps(a.v, b.v)); }
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
   float reduce_max() const { return _mm512_reduce_max_ps(v); }
+  // out[i] = sum of the lanes of x_i: four horizontal sums for about the price of one.
+  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a.v, b.v), _mm512_unpackhi_ps(a.v, b.v));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c.v, d.v), _mm512_unpackhi_ps(c.v, d.v));
+    __m512 u = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
   // exp for x <= 88.7; x < -87.3 (including -inf) gives exactly 0.
   static VecF exp(VecF x) {
     const __m512 lo = _mm512_set1_ps(-87.3f);
@@ -160,6 +169,10 @@ struct VecF {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a.v, b.v), _mm256_hadd_ps(c.v, d.v));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  }
   float reduce_max() const {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -219,6 +232,9 @@ struct VecF {
   static VecF min(VecF a, VecF b) { return VecF(a.v < b.v ? a.v : b.v); }
   float reduce_add() const { return v; }
   float reduce_max() const { return v; }
+  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
+    out[0] = a.v, out[1] = b.v, out[2] = c.v, out[3] = d.v;
+  }
   static VecF exp(VecF x) { return VecF(x.v < -87.3f ? 0.f : std::exp(x.v)); }
 };
 
