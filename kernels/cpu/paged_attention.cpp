@@ -182,7 +182,7 @@ class Attention {
   void decode(const WorkItem& w) const {
     thread_local Scratch scratch;
     const int H = a_.num_heads, BS = a_.block_size, G = group_;
-    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS);
+    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS + 64);
     float* acc = qf + H * D_;
     float* ml = acc + H * D_;
     float* s = ml + 2 * H;  // [G][BS] scores, reused per kv head, then [BS][4] for decode_fixed
@@ -241,7 +241,7 @@ class Attention {
   bool decode_fixed_dispatch(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
                              OnlineSoftmax& sm) const {
     constexpr int W = VecF::W;
-    if constexpr (W > 1) {
+    if constexpr (W >= 4) {
       if (D_ == 4 * W) return decode_fixed_gc<4>(rows, h, head0, gc, qf, s, sm);
       if (D_ == 8 * W) return decode_fixed_gc<8>(rows, h, head0, gc, qf, s, sm);
     }
@@ -277,9 +277,14 @@ class Attention {
 
   // Scores of GC heads against n keys into st[t][4] (token-major). The float path uses the
   // pre-scaled float32 queries in qf; the bf16 path the raw bf16 queries, scaled afterwards.
+  // Scores of a group of kTokenGroup tokens x 4 heads are reduced together: W lane sums at once.
+  // st must hold 4 * (n + kTokenGroup) floats.
   template <int GC, int DV, bool kBf16Dot>
   void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st) const {
     constexpr int W = VecF::W;
+    // Only vector variants (W >= 4) reach this path; the clamp keeps the scalar build compiling.
+    constexpr int kTokenGroup = W >= 4 ? W / 4 : 1;
+    constexpr int kLanes = W >= 4 ? W : 4;
 #if MINDIE_BF16_DOT
     if constexpr (kBf16Dot) {
       constexpr int DP = DV / 2;  // 32 bf16 per register
@@ -288,16 +293,20 @@ class Attention {
       for (int g = 0; g < GC; ++g)
         for (int j = 0; j < DP; ++j) q[g][j] = (__m512bh)_mm512_loadu_si512(qb + (head0 + g) * D_ + j * 32);
       const __m512 scale = _mm512_set1_ps(a_.scale);
-      for (int t = 0; t < n; ++t, k += row_) {
-        __m512bh kb[DP];
-        for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(k + j * 32);
-        VecF p[4] = {VecF::zero(), VecF::zero(), VecF::zero(), VecF::zero()};
-        for (int g = 0; g < GC; ++g) {
-          __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
-          for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
-          p[g] = VecF(_mm512_mul_ps(acc, scale));
+      for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
+        VecF p[kLanes];
+        for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
+        for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+          const KV* kr = k + (t0 + tg) * row_;
+          __m512bh kb[DP];
+          for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
+          for (int g = 0; g < GC; ++g) {
+            __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
+            for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
+            p[tg * 4 + g] = VecF(_mm512_mul_ps(acc, scale));
+          }
         }
-        VecF::reduce_add4(p[0], p[1], p[2], p[3], st + 4 * t);
+        VecF::reduce_add_w(p, st + 4 * t0);
       }
       return;
     }
@@ -306,19 +315,23 @@ class Attention {
     VecF q[GC][DV];
     for (int g = 0; g < GC; ++g)
       for (int j = 0; j < DV; ++j) q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
-    for (int t = 0; t < n; ++t, k += row_) {
-      VecF kv[DV];
-      for (int j = 0; j < DV; ++j) kv[j] = VecF::load(k + j * W);
-      VecF p[4] = {VecF::zero(), VecF::zero(), VecF::zero(), VecF::zero()};
-      for (int g = 0; g < GC; ++g) {
-        VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
-        for (int j = 2; j < DV; j += 2) {
-          p0 = VecF::fma(q[g][j], kv[j], p0);
-          p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
+    for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
+      VecF p[kLanes];
+      for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
+      for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+        const KV* kr = k + (t0 + tg) * row_;
+        VecF kv[DV];
+        for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
+        for (int g = 0; g < GC; ++g) {
+          VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
+          for (int j = 2; j < DV; j += 2) {
+            p0 = VecF::fma(q[g][j], kv[j], p0);
+            p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
+          }
+          p[tg * 4 + g] = p0 + p1;
         }
-        p[g] = p0 + p1;
       }
-      VecF::reduce_add4(p[0], p[1], p[2], p[3], st + 4 * t);
+      VecF::reduce_add_w(p, st + 4 * t0);
     }
   }
 

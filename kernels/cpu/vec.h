@@ -69,14 +69,21 @@ struct VecF {
   static VecF min(VecF a, VecF b) { return VecF(_mm512_min_ps(a.v, b.v)); }
   float reduce_add() const { return _mm512_reduce_add_ps(v); }
   float reduce_max() const { return _mm512_reduce_max_ps(v); }
-  // out[i] = sum of the lanes of x_i: four horizontal sums for about the price of one.
-  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
-    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a.v, b.v), _mm512_unpackhi_ps(a.v, b.v));
-    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c.v, d.v), _mm512_unpackhi_ps(c.v, d.v));
-    __m512 u = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  // out[i] = sum of the lanes of v[i] for i < W: W horizontal sums as one transpose-and-add tree,
+  // all full-width and independent, instead of W latency-bound reductions.
+  static void reduce_add_w(const VecF* v, float* out) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; ++i)
+      a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i].v, v[2 * i + 1].v), _mm512_unpackhi_ps(v[2 * i].v, v[2 * i + 1].v));
+    for (int i = 0; i < 4; ++i)
+      b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                           _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(b[0], b[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(b[2], b[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
+                                        _mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(3, 1, 3, 1))));
   }
   // exp for x <= 88.7; x < -87.3 (including -inf) gives exactly 0.
   static VecF exp(VecF x) {
@@ -169,9 +176,10 @@ struct VecF {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a.v, b.v), _mm256_hadd_ps(c.v, d.v));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+  static void reduce_add_w(const VecF* v, float* out) {
+    __m256 lo = _mm256_hadd_ps(_mm256_hadd_ps(v[0].v, v[1].v), _mm256_hadd_ps(v[2].v, v[3].v));
+    __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(v[4].v, v[5].v), _mm256_hadd_ps(v[6].v, v[7].v));
+    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)));
   }
   float reduce_max() const {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -232,9 +240,7 @@ struct VecF {
   static VecF min(VecF a, VecF b) { return VecF(a.v < b.v ? a.v : b.v); }
   float reduce_add() const { return v; }
   float reduce_max() const { return v; }
-  static void reduce_add4(VecF a, VecF b, VecF c, VecF d, float* out) {
-    out[0] = a.v, out[1] = b.v, out[2] = c.v, out[3] = d.v;
-  }
+  static void reduce_add_w(const VecF* v, float* out) { out[0] = v[0].v; }
   static VecF exp(VecF x) { return VecF(x.v < -87.3f ? 0.f : std::exp(x.v)); }
 };
 
