@@ -83,3 +83,15 @@ def test_bad_arguments_raise():
             ops.copy_blocks(kc, kc, mapping)
     with pytest.raises(ValueError, match="block shape"):
         ops.copy_blocks(kc, torch.zeros(4, 8, 2, 8), torch.tensor([[0, 1]]))
+
+
+def test_numpy_arrays_cross_through_dlpack():
+    import numpy as np
+
+    from mindie import _C
+
+    key_cache = np.zeros((2, 4, 1, 8), dtype=np.float32)
+    value_cache = np.zeros_like(key_cache)
+    key = np.arange(16, dtype=np.float32).reshape(2, 1, 8)
+    _C.reshape_and_cache(key, key + 1, key_cache, value_cache, np.array([5, 0], dtype=np.int64))
+    assert (key_cache[1, 1, 0] == key[0, 0]).all() and (value_cache[0, 0, 0] == key[1, 0] + 1).all()
