@@ -60,6 +60,7 @@ Tensor::Tensor(py::handle obj, std::string name) : name_(std::move(name)) {
   const auto c = t.dtype.code, b = t.dtype.bits;
   if (c == kDLFloat && b == 32) elem_ = ElemType::kFloat32;
   else if (c == kDLBfloat && b == 16) elem_ = ElemType::kBFloat16;
+  else if (c == kDLFloat && b == 64) elem_ = ElemType::kFloat64;
   else if (c == kDLInt && b == 32) elem_ = ElemType::kInt32;
   else if (c == kDLInt && b == 64) elem_ = ElemType::kInt64;
 }
@@ -74,6 +75,7 @@ const char* Tensor::elem_name() const {
   switch (elem_) {
     case ElemType::kFloat32: return "float32";
     case ElemType::kBFloat16: return "bfloat16";
+    case ElemType::kFloat64: return "float64";
     case ElemType::kInt32: return "int32";
     case ElemType::kInt64: return "int64";
     default: return "an unsupported dtype";
@@ -81,6 +83,7 @@ const char* Tensor::elem_name() const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // nothing to address (torch gives empty tensors arbitrary strides)
   int64_t expected = 1;
   for (int i = ndim() - 1; i >= 0; --i) {
     if (shape_[i] != 1 && strides_[i] != expected) return false;

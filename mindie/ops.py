@@ -182,9 +182,24 @@ def sample(
         torch.empty(rows, n, dtype=torch.int64),
     )
     _C.sample(
-        out.token_ids, out.logprobs, out.top_logprobs, out.top_ids, logits, temperature, top_k, top_p,
-        seed, step, repetition_penalty, presence_penalty, frequency_penalty, prompt_tokens,
-        prompt_offsets, output_tokens, output_offsets, num_logprobs,
+        out.token_ids,
+        out.logprobs,
+        out.top_logprobs,
+        out.top_ids,
+        logits,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        step,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        prompt_tokens,
+        prompt_offsets,
+        output_tokens,
+        output_offsets,
+        num_logprobs,
     )
     return out
 
@@ -264,8 +279,19 @@ def beam_search_step(
         torch.empty(groups, dtype=torch.bool),
     )
     _C.beam_search_step(
-        logprobs, beam_scores, eos_token_ids, cur_len, length_penalty, early_stopping, max_len,
-        pad_token_id, state.hyp_scores, state.hyp_order, state.num_hyps, state.worst_score, state.done,
+        logprobs,
+        beam_scores,
+        eos_token_ids,
+        cur_len,
+        length_penalty,
+        early_stopping,
+        max_len,
+        pad_token_id,
+        state.hyp_scores,
+        state.hyp_order,
+        state.num_hyps,
+        state.worst_score,
+        state.done,
         *out[:9],
     )
     out.done.copy_(state.done)
