@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -60,6 +61,26 @@ struct OnlineSoftmax {
     m[r] = m_new;
     return true;
   }
+};
+
+// Issues prefetches for the K then V bytes of the next block, a few cache lines per step(), so the
+// whole block has been asked for after `steps` calls.
+class PrefetchStream {
+ public:
+  PrefetchStream(const void* k, const void* v, int64_t bytes, int64_t steps)
+      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), lines_((bytes + 63) / 64),
+        per_step_(steps > 0 ? (2 * lines_ + steps - 1) / steps : 0) {}
+  void step() {
+    for (int64_t i = 0; i < per_step_ && next_ < 2 * lines_; ++i, ++next_)
+      __builtin_prefetch((next_ < lines_ ? k_ + next_ * 64 : v_ + (next_ - lines_) * 64), 0, 3);
+  }
+
+ private:
+  const char* k_;
+  const char* v_;
+  int64_t lines_;
+  int64_t per_step_;
+  int64_t next_ = 0;
 };
 
 struct Scratch {
@@ -194,8 +215,13 @@ class Attention {
       const int n = std::min(w.end, (b0 / BS + 1) * BS) - b0;
       const int next = b0 + n;
       const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
-      const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0),
-                           n_next > 0 ? key_row(w.seq, next, 0) : nullptr, n, n_next, token};
+      // While this block is computed, the next one streams into cache: blocks are scattered, so
+      // the hardware prefetcher would restart at each one. Spread over the block's iterations.
+      const int64_t next_bytes = static_cast<int64_t>(n_next) * row_ * static_cast<int64_t>(sizeof(KV));
+      PrefetchStream ahead(n_next > 0 ? key_row(w.seq, next, 0) : nullptr,
+                           n_next > 0 ? value_row(w.seq, next, 0) : nullptr, next_bytes,
+                           a_.kv_heads * (n + (n + 1) / 2));
+      const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0), n, token, &ahead};
       for (int h = 0; h < a_.kv_heads; ++h)
         for (int g0 = 0; g0 < G; g0 += 4) {
           const int head0 = h * G + g0, gc = std::min(4, G - g0);
@@ -219,10 +245,9 @@ class Attention {
   struct BlockRows {
     const KV* k;
     const KV* v;
-    const KV* k_next;
     int n;
-    int n_next;
     int64_t token;  // the query token
+    PrefetchStream* ahead;
   };
 
   // Heads head0..head0+gc-1 (sharing kv head h) over one block segment; scores go to s[g][t].
@@ -280,7 +305,8 @@ class Attention {
   // Scores of a group of kTokenGroup tokens x 4 heads are reduced together: W lane sums at once.
   // st must hold 4 * (n + kTokenGroup) floats.
   template <int GC, int DV, bool kBf16Dot>
-  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st) const {
+  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st,
+                  PrefetchStream& ahead) const {
     constexpr int W = VecF::W;
     // Only vector variants (W >= 4) reach this path; the clamp keeps the scalar build compiling.
     constexpr int kTokenGroup = W >= 4 ? W / 4 : 1;
@@ -297,6 +323,7 @@ class Attention {
         VecF p[kLanes];
         for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
         for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+          ahead.step();
           const KV* kr = k + (t0 + tg) * row_;
           __m512bh kb[DP];
           for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
@@ -319,6 +346,7 @@ class Attention {
       VecF p[kLanes];
       for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
       for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+        ahead.step();
         const KV* kr = k + (t0 + tg) * row_;
         VecF kv[DV];
         for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
@@ -339,16 +367,11 @@ class Attention {
   void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
     constexpr int W = VecF::W;
     const int BS = a_.block_size, n = rows.n;
-    const int row_bytes = D_ * static_cast<int>(sizeof(KV));
     float* st = s + GC * BS;  // [BS][4]
     VecF acc[GC][DV];
     for (int g = 0; g < GC; ++g)
       for (int j = 0; j < DV; ++j) acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
-    // Ask for this block's values now and for the next block's keys during the value pass:
-    // blocks are scattered, so the hardware prefetcher restarts at every block.
-    const KV* v_ahead = rows.v + h * D_;
-    for (int t = 0; t < n; ++t) prefetch(v_ahead + t * row_, row_bytes);
-    score_keys<GC, DV, kBf16Dot>(rows.k + h * D_, n, head0, qf, rows.token, st);
+    score_keys<GC, DV, kBf16Dot>(rows.k + h * D_, n, head0, qf, rows.token, st, *rows.ahead);
     for (int g = 0; g < GC; ++g)
       for (int t = 0; t < n; ++t) s[g * BS + t] = st[4 * t + g];
     for (int g = 0; g < GC; ++g) {
@@ -360,19 +383,80 @@ class Attention {
       }
     }
     const KV* v = rows.v + h * D_;
-    const KV* k_ahead = rows.k_next != nullptr ? rows.k_next + h * D_ : nullptr;
-    for (int t = 0; t < n; ++t, v += row_) {
-      if (t < rows.n_next) prefetch(k_ahead + t * row_, row_bytes);
-      VecF vv[DV];
-      for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + j * W);
-      for (int g = 0; g < GC; ++g) {
-        const VecF p = VecF::set1(s[g * BS + t]);
-        for (int j = 0; j < DV; ++j) acc[g][j] = VecF::fma(p, vv[j], acc[g][j]);
+#if MINDIE_BF16_DOT
+    if constexpr (kBf16Dot) {
+      accumulate_values_bf16<GC, DV>(acc, v, n, s, reinterpret_cast<bf16_t*>(st), *rows.ahead);
+    } else
+#endif
+    {
+      for (int t = 0; t < n; ++t, v += row_) {
+        rows.ahead->step();
+        VecF vv[DV];
+        for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + j * W);
+        for (int g = 0; g < GC; ++g) {
+          const VecF p = VecF::set1(s[g * BS + t]);
+          for (int j = 0; j < DV; ++j) acc[g][j] = VecF::fma(p, vv[j], acc[g][j]);
+        }
       }
     }
     for (int g = 0; g < GC; ++g)
       for (int j = 0; j < DV; ++j) acc[g][j].store(sm.acc + (head0 + g) * D_ + j * W);
   }
+
+#if MINDIE_BF16_DOT
+  // acc += P V with vdpbf16ps over pairs of tokens: the probabilities are rounded to bf16 (as a
+  // bf16 Hugging Face model multiplies bf16 weights by bf16 values) and two value rows are
+  // interleaved so each instruction adds p_t v_t + p_t+1 v_t+1. Interleaving permutes the head
+  // dimension inside each register; the accumulators are permuted to match and back afterwards.
+  template <int GC, int DV>
+  void accumulate_values_bf16(VecF (&acc)[GC][DV], const KV* v, int n, const float* s, bf16_t* pb,
+                              PrefetchStream& ahead) const {
+    static_assert(DV % 2 == 0, "pairs of 16-lane accumulators hold 32 bf16 values");
+    const int BS = a_.block_size, stride = BS + 2;
+    for (int g = 0; g < GC; ++g) {
+      store_scaled(pb + g * stride, s + g * BS, 1.f, n);
+      pb[g * stride + n] = 0;  // the odd token's partner weighs nothing
+    }
+    const __m512i to_perm_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i to_perm_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i to_nat_0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i to_nat_1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; j += 2) {
+        const __m512 lo = _mm512_permutex2var_ps(acc[g][j].v, to_perm_lo, acc[g][j + 1].v);
+        const __m512 hi = _mm512_permutex2var_ps(acc[g][j].v, to_perm_hi, acc[g][j + 1].v);
+        acc[g][j] = VecF(lo);
+        acc[g][j + 1] = VecF(hi);
+      }
+    for (int t = 0; t < n; t += 2) {
+      const KV* r0 = v + t * row_;
+      const KV* r1 = t + 1 < n ? r0 + row_ : r0;
+      ahead.step();
+      __m512bh lo[DV / 2], hi[DV / 2];
+      for (int j = 0; j < DV / 2; ++j) {
+        const __m512i x = _mm512_loadu_si512(r0 + j * 32), y = _mm512_loadu_si512(r1 + j * 32);
+        lo[j] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+        hi[j] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+      }
+      for (int g = 0; g < GC; ++g) {
+        uint32_t pair;
+        std::memcpy(&pair, pb + g * stride + t, sizeof pair);
+        const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        for (int j = 0; j < DV / 2; ++j) {
+          acc[g][2 * j] = VecF(_mm512_dpbf16_ps(acc[g][2 * j].v, pp, lo[j]));
+          acc[g][2 * j + 1] = VecF(_mm512_dpbf16_ps(acc[g][2 * j + 1].v, pp, hi[j]));
+        }
+      }
+    }
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; j += 2) {
+        const __m512 n0 = _mm512_permutex2var_ps(acc[g][j].v, to_nat_0, acc[g][j + 1].v);
+        const __m512 n1 = _mm512_permutex2var_ps(acc[g][j].v, to_nat_1, acc[g][j + 1].v);
+        acc[g][j] = VecF(n0);
+        acc[g][j + 1] = VecF(n1);
+      }
+  }
+#endif
 
   void merge(const Merge& mg, int head) const {
     thread_local Scratch scratch;
