@@ -14,7 +14,7 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-constexpr int kQueryTile = 16;        // prefill queries per work item
+constexpr int kQueryTile = 32;        // prefill queries per work item
 constexpr int kMinPartition = 256;    // smallest decode split worth its merge
 
 // One unit of parallel work. Decode: every head of one sequence over a range of its keys, so each
@@ -512,8 +512,7 @@ class Attention {
           float* sr = s + static_cast<int64_t>(r) * NP;
           score_row(sr, qf + r * D_, kt, NP, valid);
           if (!sm.update(r, sr, valid)) continue;
-          float* ar = acc + r * D_;
-          for (int t = 0; t < valid; ++t) axpy(ar, sr[t], vf + t * D_, D_);
+          accumulate_row(acc + r * D_, sr, vf, valid);
         }
       }
     }
@@ -522,6 +521,28 @@ class Attention {
         const int r = (i - w.begin) * G + g;
         store_output(token0 + i - w.begin, w.kv_head * G + g, acc + r * D_, sm.l[r] > 0.f ? 1.f / sm.l[r] : 0.f);
       }
+  }
+
+  // ar += sum_t p[t] * vf[t]: the row's accumulator stays in registers for common head dims.
+  void accumulate_row(float* ar, const float* p, const float* vf, int valid) const {
+    constexpr int W = VecF::W;
+    if constexpr (W >= 4) {
+      if (D_ == 4 * W) return accumulate_row_fixed<4>(ar, p, vf, valid);
+      if (D_ == 8 * W) return accumulate_row_fixed<8>(ar, p, vf, valid);
+    }
+    for (int t = 0; t < valid; ++t) axpy(ar, p[t], vf + t * D_, D_);
+  }
+
+  template <int DV>
+  void accumulate_row_fixed(float* ar, const float* p, const float* vf, int valid) const {
+    constexpr int W = VecF::W;
+    VecF acc[DV];
+    for (int j = 0; j < DV; ++j) acc[j] = VecF::load(ar + j * W);
+    for (int t = 0; t < valid; ++t) {
+      const VecF pt = VecF::set1(p[t]);
+      for (int j = 0; j < DV; ++j) acc[j] = VecF::fma(pt, VecF::load(vf + t * DV * W + j * W), acc[j]);
+    }
+    for (int j = 0; j < DV; ++j) acc[j].store(ar + j * W);
   }
 
   // kt[d][t] = float(k[t][d]) for t < n; zero for the padding up to NP.
