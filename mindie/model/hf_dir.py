@@ -1,0 +1,64 @@
+"""Reads a Hugging Face model directory: config.json and *.safetensors."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from mindie.model.config import ModelConfig
+
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
+
+
+def read_config(path: str) -> ModelConfig:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    names = cfg.get("architectures") or []
+    arch = next((_ARCHITECTURES[n] for n in names if n in _ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(
+            f"{path}: config.json architectures {names} not supported; supported: {sorted(_ARCHITECTURES)}"
+        )
+    heads = int(cfg["num_attention_heads"])
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"{path}: rope scaling {rope} is not supported yet")
+    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=int(cfg["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
+        rope_theta=float(theta),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+    )
+
+
+def read_weights(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors files")
+    weights: dict[str, torch.Tensor] = {}
+    for name in files:
+        weights.update(load_file(os.path.join(path, name)))
+    return weights

@@ -1,0 +1,126 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+
+One forward pass takes a flattened batch: the new tokens of every sequence back to back, with
+their positions, cache slots and block tables (`AttentionMetadata`). Prefill chunks and decode
+tokens mix freely; nothing is padded. Dense projections run in torch; rotary, cache writes,
+attention, RMSNorm and the gated activation run in `mindie.ops`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mindie import ops
+from mindie.model.config import ModelConfig
+
+
+@dataclass
+class AttentionMetadata:
+    positions: torch.Tensor  # int64 [tokens]
+    slot_mapping: torch.Tensor  # int64 [tokens]; block * block_size + offset
+    block_tables: torch.Tensor  # int32 [seqs, max_blocks]
+    query_start_loc: torch.Tensor  # int32 [seqs + 1]
+    seq_lens: torch.Tensor  # int32 [seqs]; cached tokens after this step
+    logits_indices: torch.Tensor  # int64 [rows]; token rows whose next-token logits are wanted
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
+    qkv_bias: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+def rope_cos_sin(config: ModelConfig, max_position: int) -> torch.Tensor:
+    """[max_position, head_dim] float32: cos of each frequency, then sin (Hugging Face values)."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+        self.config = config
+        self.dtype = dtype
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"weight {name!r} missing from the checkpoint")
+            return weights[name].to(dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
+        self.final_norm = take("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            attn = p + "self_attn."
+            bias = None
+            if config.qkv_bias:
+                bias = torch.cat([take(attn + f"{n}_proj.bias") for n in "qkv"]).contiguous()
+            self.layers.append(
+                _Layer(
+                    input_norm=take(p + "input_layernorm.weight"),
+                    qkv=torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
+                    qkv_bias=bias,
+                    o_proj=take(attn + "o_proj.weight"),
+                    post_norm=take(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
+                    down=take(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.cos_sin = rope_cos_sin(config, config.max_position)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Returns float32 logits [len(meta.logits_indices), vocab]."""
+        c = self.config
+        tokens = input_ids.shape[0]
+        hidden = self.embed.index_select(0, input_ids)
+        residual: torch.Tensor | None = None
+        attn_out = torch.empty(tokens, c.num_heads, c.head_dim, dtype=self.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            if residual is None:
+                residual = hidden
+                x = ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
+            else:
+                x = ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps, residual=residual)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
+            k = qkv[:, c.q_size : c.q_size + c.kv_size].view(tokens, c.num_kv_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size :].view(tokens, c.num_kv_heads, c.head_dim)
+            ops.rotary_embedding(meta.positions, q, k, self.cos_sin)
+            ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+            ops.paged_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale, out=attn_out
+            )
+            hidden = F.linear(attn_out.view(tokens, c.q_size), layer.o_proj)
+            x = ops.rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual=residual)
+            hidden = F.linear(ops.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+        assert residual is not None
+        rows = meta.logits_indices
+        final = ops.rms_norm(hidden.index_select(0, rows), self.final_norm, c.rms_norm_eps,
+                             residual=residual.index_select(0, rows))
+        return F.linear(final, self.lm_head).float()
