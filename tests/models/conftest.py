@@ -1,0 +1,142 @@
+"""Tiny random Hugging Face models written to disk, and a greedy loop over our model that drives the
+paged cache directly (the scheduler has its own tests)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from mindie.model.llama import AttentionMetadata, LlamaModel
+
+TINY = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+)
+
+
+def write_byte_tokenizer(path: Path) -> None:
+    """A byte-level BPE over the 256 byte symbols, no merges, plus two special tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+                    "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                                     "{% if add_generation_prompt %}<assistant>{% endif %}"})
+    )
+
+
+def make_tiny(path: Path, arch: str, seed: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=True))
+    # Larger-than-init weights make the logits decisive, so greedy ties are not a coin toss.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0 if p.dim() > 1 else 1.0)
+    model.save_pretrained(path, safe_serialization=True)
+    write_byte_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-llama"), "llama", 0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", 1)
+
+
+GreedyRun = Callable[..., tuple[list[list[int]], list[list[float]]]]
+
+
+def run_greedy(
+    model: LlamaModel,
+    prompts: list[list[int]],
+    new_tokens: int,
+    block_size: int = 4,
+    chunk: int | None = None,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """All prompts in one batch; each step feeds every sequence's pending tokens (at most `chunk`
+    per prefill step), so prefill chunks and decode tokens share steps. Returns the generated ids
+    and their log-probabilities."""
+    max_len = max(len(p) for p in prompts) + new_tokens
+    blocks_per_seq = math.ceil(max_len / block_size)
+    caches = model.allocate_kv_cache(blocks_per_seq * len(prompts) + 1, block_size)
+    # Sequences get interleaved, non-contiguous blocks: block b of seq s is b * n + s + 1.
+    n = len(prompts)
+    tables = torch.tensor([[b * n + s + 1 for b in range(blocks_per_seq)] for s in range(n)], dtype=torch.int32)
+    seqs = [list(p) for p in prompts]
+    computed = [0] * n
+    out: list[list[int]] = [[] for _ in prompts]
+    logprobs: list[list[float]] = [[] for _ in prompts]
+    while any(len(o) < new_tokens for o in out):
+        ids, positions, slots, starts, lens, last = [], [], [], [0], [], []
+        active = [s for s in range(n) if len(out[s]) < new_tokens]
+        for s in active:
+            pending = seqs[s][computed[s]:]
+            if chunk is not None:
+                pending = pending[:chunk]
+            pos = list(range(computed[s], computed[s] + len(pending)))
+            ids += pending
+            positions += pos
+            slots += [int(tables[s, p // block_size]) * block_size + p % block_size for p in pos]
+            computed[s] += len(pending)
+            starts.append(starts[-1] + len(pending))
+            lens.append(computed[s])
+            last.append(starts[-1] - 1)
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions),
+            slot_mapping=torch.tensor(slots),
+            block_tables=tables[active].contiguous(),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32),
+            logits_indices=torch.tensor(last),
+        )
+        logits = model.forward(torch.tensor(ids), meta, caches)
+        lp = torch.log_softmax(logits, dim=-1)
+        for row, s in enumerate(active):
+            if computed[s] < len(seqs[s]):
+                continue  # mid-prefill: this chunk's last logits are not a next token
+            token = int(logits[row].argmax())
+            seqs[s].append(token)
+            out[s].append(token)
+            logprobs[s].append(float(lp[row, token]))
+    return out, logprobs
+
+
+def hf_greedy(hf_model, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
+    """Reference: transformers' forward with its own KV cache, one token at a time."""
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        out = hf_model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(new_tokens):
+            logits = out.logits[0, -1].float()
+            token = int(logits.argmax())
+            tokens.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            out = hf_model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, logprobs

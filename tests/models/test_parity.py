@@ -1,0 +1,75 @@
+"""Greedy output of our model equals Hugging Face transformers on the same float32 weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import hf_greedy, run_greedy
+
+from mindie.model.llama import LlamaModel
+from mindie.model.loader import default_model_path, load_model, load_weights
+
+NEW_TOKENS = 64
+
+
+def hf_model_from_dir(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def prompts_for(vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 13, 30)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("chunk,block_size", [(None, 4), (3, 4), (None, 16), (7, 1)])
+def test_tiny_models_match_transformers(arch, chunk, block_size, request):
+    path = request.getfixturevalue(f"tiny_{arch}_dir")
+    ours = load_model(str(path), dtype=torch.float32)
+    hf = hf_model_from_dir(path)
+    prompts = prompts_for(ours.config.vocab_size)
+    got, got_lp = run_greedy(ours.model, prompts, NEW_TOKENS, block_size=block_size, chunk=chunk)
+    for prompt, tokens, lps in zip(prompts, got, got_lp):
+        want, want_lp = hf_greedy(hf, prompt, NEW_TOKENS)
+        assert tokens == want
+        assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
+
+
+def test_batch_of_one_equals_batch_of_many(tiny_llama_dir):
+    ours = load_model(str(tiny_llama_dir), dtype=torch.float32)
+    prompts = prompts_for(ours.config.vocab_size)
+    together, _ = run_greedy(ours.model, prompts, 16)
+    alone = [run_greedy(ours.model, [p], 16)[0][0] for p in prompts]
+    assert together == alone
+
+
+def test_embedded_model_matches_transformers():
+    """SmolLM2-135M-Instruct from its GGUF (Q4_1/Q8_0 dequantized to float32) against
+    transformers' LlamaForCausalLM holding the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c, weights, tok = load_weights(default_model_path())
+    model = LlamaModel(c, weights, torch.float32)
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+            head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+            max_position_embeddings=c.max_position, tie_word_embeddings=c.tie_word_embeddings,
+        )
+    ).eval()
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])),
+        tok.encode("def fibonacci(n):"),
+    ]
+    got, got_lp = run_greedy(model, prompts, NEW_TOKENS, block_size=16)
+    for prompt, tokens, lps in zip(prompts, got, got_lp):
+        want, want_lp = hf_greedy(hf, prompt, NEW_TOKENS)
+        assert tokens == want
+        assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
+    assert "Paris" in tok.decode(got[0])
