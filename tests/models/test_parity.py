@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy, run_greedy
+from helpers.tiny_models import hf_greedy, run_greedy
 
 from mindie.model.llama import LlamaModel
 from mindie.model.loader import default_model_path, load_model, load_weights

@@ -1,14 +1,12 @@
 """Tiny random Hugging Face models written to disk, and a greedy loop over our model that drives the
-paged cache directly (the scheduler has its own tests)."""
+paged cache directly (the engine's tests go through the scheduler instead)."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 
 from mindie.model.llama import AttentionMetadata, LlamaModel
@@ -58,19 +56,6 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     write_byte_tokenizer(path)
     return path
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny(tmp_path_factory.mktemp("tiny-llama"), "llama", 0)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", 1)
-
-
-GreedyRun = Callable[..., tuple[list[list[int]], list[list[float]]]]
 
 
 def run_greedy(

@@ -1,0 +1,1 @@
+"""Serving engine: block manager, scheduler and the step loop."""

@@ -1,0 +1,118 @@
+"""The engine's one request type, shared by every API flavour, and what the engine reports back.
+
+A protocol adapter validates its own body and builds an `EngineRequest`; the engine turns each
+request into a `Sequence` (its runtime state) and emits `RequestOutput`s: one per step while it
+runs, the last with a finish reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from dataclasses import dataclass, field
+
+from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-probabilities
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"  # an end-of-sequence token or one of stop_token_ids
+    STOP = "stop"  # a stop string
+    LENGTH = "length"  # max_tokens, maxIterTimes or maxSeqLen reached
+    ABORT = "abort"  # cancelled by the client or by its timeout
+
+
+def _check(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate and how. Defaults follow vLLM; 0 / -1 mean "off" where noted."""
+
+    max_tokens: int | None = 16  # None: up to maxIterTimes / maxSeqLen
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0  # 1.0: off
+    repetition_penalty: float = 1.0  # Hugging Face semantics over prompt + output
+    presence_penalty: float = 0.0  # OpenAI semantics over output
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: a random seed, reported back
+    do_sample: bool = True  # False: greedy whatever the temperature
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None  # top-N log-probabilities per token, 0..20; None: none
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+               "max_tokens", "an integer >= 1", self.max_tokens)
+        _check(math.isfinite(self.temperature) and self.temperature >= 0, "temperature", "in [0, inf)",
+               self.temperature)
+        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (off) or >= 1", self.top_k)
+        _check(0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
+        _check(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
+               "in (0, inf)", self.repetition_penalty)
+        _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "in [0, 2^63)", self.seed)
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
+               f"in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "non-negative integers", self.stop_token_ids)
+        _check(self.n == 1, "n", "1 (several samples per request are not supported yet)", self.n)
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 5  # 1 (first) .. 5, as MindIE
+    timeout_s: float | None = None  # from arrival; None: no limit
+    arrival_time: float = field(default_factory=time.monotonic)
+    prompt_text: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)
+        _check(len(self.prompt_token_ids) > 0, "prompt", "non-empty", "")
+        _check(self.timeout_s is None or self.timeout_s > 0, "timeout", "> 0 seconds", self.timeout_s)
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # top-N (id, logprob), best first; empty unless asked
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request (the deltas), plus its running totals."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list[TokenLogprob]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int
+    cumulative_logprob: float
+    seed: int
+    batch_size: int  # size of the step that produced these tokens (MindIE usage.batch_size)
+    queue_wait_s: float  # time the request waited before its first step (MindIE queue_wait_time)
+    first_token_latency_s: float | None  # set on the output that carries the first token
+    num_cached_prompt_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,67 @@
+"""A request's runtime state inside the engine (one sequence per request for now)."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindie.engine.request import EngineRequest, FinishReason, TokenLogprob
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds KV blocks; prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: EngineRequest
+    seed: int
+    max_total_tokens: int  # prompt + the most new tokens this request may produce
+    detokenizer: Any  # IncrementalDetokenizer; owned by the engine's output side
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_preemptions: int = 0
+    num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
+    cumulative_logprob: float = 0.0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_reason: FinishReason | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.prompt_token_ids)
+
+    @property
+    def seq_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def sort_key(self) -> tuple[int, float]:
+        """Priority first (1 before 5), then arrival: the order of admission and of survival."""
+        return (self.request.priority, self.request.arrival_time)
+
+    def timed_out(self, now: float | None = None) -> bool:
+        timeout = self.request.timeout_s
+        return timeout is not None and (now or time.monotonic()) - self.request.arrival_time > timeout

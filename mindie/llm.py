@@ -1,0 +1,125 @@
+"""Offline API in the shape vLLM users know: `LLM(...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mindie.config import EngineConfig
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
+from mindie.model.loader import load_model
+
+Prompt = str | dict[str, Any]  # text, or {"prompt_token_ids": [...]}
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float
+    logprobs: list[dict[int, float]] | None  # per token: {token_id: logprob} incl. the chosen one
+    finish_reason: str | None
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+
+class LLM:
+    """Loads a model (a GGUF file, a Hugging Face directory, or the embedded SmolLM2 default when
+    `model` is None) and generates offline. `**config` takes MindIE engine keys
+    (`cacheBlockSize`, `maxPrefillTokens`, `maxSeqLen`, ...; see mindie.config)."""
+
+    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **config: Any) -> None:
+        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+        if dtype not in dtypes:
+            raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+        self.engine = LLMEngine(load_model(model, dtypes[dtype]), EngineConfig.from_mindie(config))
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[GenerationResult]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"got {len(per_prompt)} sampling params for {len(prompts)} prompts")
+        results: dict[str, GenerationResult] = {}
+        for prompt, p in zip(prompts, per_prompt):
+            text, ids = self._tokenize(prompt)
+            request_id = str(next(self._ids))
+            self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text))
+            results[request_id] = GenerationResult(request_id, text, ids, [CompletionOutput(0, "", [], 0.0, None, None)])
+        self._run(results, per_prompt_logprobs={r: p.logprobs for r, p in zip(results, per_prompt)},
+                  use_tqdm=use_tqdm)
+        return list(results.values())
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[GenerationResult]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [
+            {"prompt_token_ids": self.tokenizer.encode(self.tokenizer.apply_chat_template(c), add_special_tokens=False)}
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        raise ValueError("a prompt must be a string or a dict with 'prompt_token_ids'")
+
+    def _run(self, results: dict[str, GenerationResult], per_prompt_logprobs: dict[str, int | None],
+             use_tqdm: bool) -> None:
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(results), desc="Generating", unit="req", dynamic_ncols=True)
+        pending = set(results)
+        while pending:
+            for out in self.engine.step():
+                if out.request_id in results:
+                    self._accumulate(results[out.request_id], out, per_prompt_logprobs[out.request_id])
+                    if out.finished:
+                        pending.discard(out.request_id)
+                        if bar is not None:
+                            bar.update(1)
+        if bar is not None:
+            bar.close()
+
+    @staticmethod
+    def _accumulate(result: GenerationResult, out: RequestOutput, want_logprobs: int | None) -> None:
+        c = result.outputs[0]
+        c.text += out.new_text
+        c.token_ids += out.new_token_ids
+        c.cumulative_logprob = out.cumulative_logprob
+        if want_logprobs is not None:
+            c.logprobs = c.logprobs or []
+            for lp in out.new_logprobs:
+                c.logprobs.append({lp.token_id: lp.logprob, **dict(lp.top)})
+        if out.finish_reason is not None:
+            c.finish_reason = out.finish_reason.value
+        result.num_cached_tokens = out.num_cached_prompt_tokens

@@ -1,0 +1,55 @@
+"""Turns a SchedulerOutput into the model's flat inputs and runs one step."""
+
+from __future__ import annotations
+
+import torch
+
+from mindie.engine.block_manager import BlockManager
+from mindie.engine.scheduler import SchedulerOutput
+from mindie.engine.sequence import Sequence
+from mindie.model.llama import AttentionMetadata, LlamaModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, blocks: BlockManager) -> None:
+        self.model = model
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.kv_caches = model.allocate_kv_cache(blocks.num_blocks, blocks.block_size)
+
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
+        """Runs the scheduled tokens. Returns next-token logits [rows, vocab] for the sequences
+        whose every token is computed after this step (mid-prefill chunks produce no row)."""
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        rows: list[int] = []
+        row_seqs: list[Sequence] = []
+        for s in out.scheduled:
+            seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
+            table = self.blocks.block_table(seq.seq_id)
+            ids += seq.token_ids[start : start + n]
+            pos = range(start, start + n)
+            positions += pos
+            slots += [table[p // bs] * bs + p % bs for p in pos]
+            starts.append(starts[-1] + n)
+            lens.append(start + n)
+            tables.append(table)
+            if start + n == len(seq.token_ids):
+                rows.append(starts[-1] - 1)
+                row_seqs.append(seq)
+        width = max(len(t) for t in tables)
+        meta = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32),
+            logits_indices=torch.tensor(rows, dtype=torch.int64),
+        )
+        logits = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv_caches)
+        return logits, row_seqs

@@ -1,0 +1,47 @@
+"""Batches the sampling parameters of one step's rows and calls the sampling kernel.
+
+Order (kernels/cpu/sampling.h): repetition penalty over prompt + output, presence and frequency
+penalties over output, temperature (0 = greedy), top-k, top-p, then one seeded Philox draw per row
+keyed by (seed, number of tokens generated so far), so a seeded request gets the same tokens in
+any batch. Log-probabilities are of the raw logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mindie import ops
+from mindie.engine.sequence import Sequence
+
+
+def _csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    offsets = [0]
+    for tokens in lists:
+        offsets.append(offsets[-1] + len(tokens))
+    flat = [t for tokens in lists for t in tokens]
+    return torch.tensor(flat, dtype=torch.int64), torch.tensor(offsets, dtype=torch.int64)
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> ops.SampleOutput:
+    params = [s.request.params for s in seqs]
+    temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
+    kwargs: dict = {}
+    if any(p.repetition_penalty != 1.0 for p in params):
+        kwargs["repetition_penalty"] = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32)
+        kwargs["prompt_tokens"], kwargs["prompt_offsets"] = _csr([s.request.prompt_token_ids for s in seqs])
+    if any(p.presence_penalty != 0.0 for p in params):
+        kwargs["presence_penalty"] = torch.tensor([p.presence_penalty for p in params], dtype=torch.float32)
+    if any(p.frequency_penalty != 0.0 for p in params):
+        kwargs["frequency_penalty"] = torch.tensor([p.frequency_penalty for p in params], dtype=torch.float32)
+    if len(kwargs) > 0:
+        kwargs["output_tokens"], kwargs["output_offsets"] = _csr([s.output_token_ids for s in seqs])
+    return ops.sample(
+        logits,
+        temperature,
+        torch.tensor([p.top_k for p in params], dtype=torch.int32),
+        torch.tensor([p.top_p for p in params], dtype=torch.float32),
+        torch.tensor([s.seed for s in seqs], dtype=torch.int64),
+        torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64),
+        num_logprobs=max((p.logprobs or 0) for p in params),
+        **kwargs,
+    )
