@@ -1,0 +1,196 @@
+"""The engine end to end on a tiny random Llama: greedy parity with transformers under every
+scheduling situation (batching, chunked prefill, prefix hits, preemption), seeded sampling,
+finish reasons, abort and timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from helpers.tiny_models import hf_greedy
+
+from mindie.config import EngineConfig
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams
+from mindie.model.loader import load_model
+
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+
+
+def prompts(n: int, seed: int = 3) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+            for _ in range(n)]
+
+
+def run(engine: LLMEngine, reqs: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
+    outs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in reqs}
+    for r in reqs:
+        engine.add_request(r)
+    for _ in range(10_000):
+        if not engine.has_unfinished():
+            break
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    assert not engine.has_unfinished()
+    engine.blocks.check_invariants()
+    assert engine.blocks.num_used_blocks() == 0
+    return outs
+
+
+def tokens(outs: list[RequestOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+GREEDY = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+
+
+def make_engine(loaded, **keys) -> LLMEngine:
+    return LLMEngine(loaded, EngineConfig.from_mindie({"maxSeqLen": 256, "maxIterTimes": 64, **keys}))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(cacheBlockSize=4),  # plain batch of mixed lengths
+        dict(cacheBlockSize=4, maxPrefillTokens=7),  # chunked prefill, decodes interleaved
+        dict(cacheBlockSize=8, numKvBlocks=14, maxPrefillTokens=64),  # too few blocks: preemption
+        dict(cacheBlockSize=1, maxBatchSize=2, maxPrefillBatchSize=1),  # batch limits
+    ],
+)
+def test_greedy_matches_transformers(loaded, hf, config):
+    engine = make_engine(loaded, **config)
+    ps = prompts(6)
+    outs = run(engine, [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(ps)])
+    for i, p in enumerate(ps):
+        want, want_lp = hf_greedy(hf, p, NEW)
+        assert tokens(outs[str(i)]) == want
+        got_lp = [lp.logprob for o in outs[str(i)] for lp in o.new_logprobs]
+        assert max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-3
+        assert outs[str(i)][-1].finish_reason is FinishReason.LENGTH
+
+
+def test_preemption_happened_and_output_is_unchanged(loaded):
+    engine = make_engine(loaded, cacheBlockSize=8, numKvBlocks=12)
+    alone = {i: tokens(run(engine, [EngineRequest(f"a{i}", p, GREEDY)])[f"a{i}"]) for i, p in enumerate(prompts(5))}
+    preempted = []
+    original = engine.scheduler._preempt
+
+    def spy(seq):
+        preempted.append(seq.seq_id)
+        original(seq)
+
+    engine.scheduler._preempt = spy
+    outs = run(engine, [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(prompts(5))])
+    assert preempted, "the pool was meant to be too small for all five at once"
+    assert {int(k): tokens(v) for k, v in outs.items()} == alone
+
+
+def test_prefix_cache_hit_skips_work_and_keeps_output(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4)
+    shared = prompts(1)[0] + list(range(30))
+    first = run(engine, [EngineRequest("first", shared, GREEDY)])["first"]
+    second = run(engine, [EngineRequest("second", shared, GREEDY)])["second"]
+    assert tokens(first) == tokens(second)
+    assert second[-1].num_cached_prompt_tokens == (len(shared) - 1) // 4 * 4 > 0
+
+
+def test_seeded_sampling_is_batch_invariant(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4)
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=1234, ignore_eos=True,
+                            repetition_penalty=1.2, frequency_penalty=0.5)
+    target = prompts(1, seed=9)[0]
+    alone = tokens(run(engine, [EngineRequest("t", target, params)])["t"])
+    others = [EngineRequest(f"o{i}", p, SamplingParams(max_tokens=10, temperature=0.7, seed=i))
+              for i, p in enumerate(prompts(31, seed=5))]
+    for position in (0, 17, 31):
+        batch = others[:position] + [EngineRequest("t", target, params)] + others[position:]
+        assert tokens(run(engine, batch)["t"]) == alone
+    different = tokens(run(engine, [EngineRequest("d", target, SamplingParams(
+        max_tokens=12, temperature=1.0, seed=4321, ignore_eos=True))])["d"])
+    assert different != alone
+
+
+def test_finish_reasons(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4)
+    p = prompts(1)[0]
+    greedy = tokens(run(engine, [EngineRequest("g", p, GREEDY)])["g"])
+    stop_tok = greedy[5]
+    out = run(engine, [EngineRequest("s", p, SamplingParams(max_tokens=NEW, temperature=0,
+                                                            stop_token_ids=(stop_tok,)))])["s"]
+    assert out[-1].finish_reason is FinishReason.EOS and tokens(out) == greedy[: greedy.index(stop_tok) + 1]
+    out = run(engine, [EngineRequest("l", p, SamplingParams(max_tokens=3, temperature=0))])["l"]
+    assert out[-1].finish_reason is FinishReason.LENGTH and len(tokens(out)) == 3
+    text = engine.tokenizer.decode(greedy)
+    stop = text[4:7]
+    if stop:
+        out = run(engine, [EngineRequest("t", p, SamplingParams(max_tokens=NEW, temperature=0, stop=(stop,)))])["t"]
+        joined = "".join(o.new_text for o in out)
+        assert out[-1].finish_reason is FinishReason.STOP and joined == text[: text.index(stop)]
+
+
+def test_abort_in_every_phase_frees_blocks(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4, maxPrefillTokens=5, maxBatchSize=1)
+    long_prompt = list(range(40))
+    engine.add_request(EngineRequest("prefilling", long_prompt, GREEDY))
+    engine.add_request(EngineRequest("queued", long_prompt, GREEDY))
+    engine.step()  # first chunk of "prefilling"; "queued" waits (maxBatchSize=1)
+    assert engine.blocks.num_used_blocks() > 0
+    assert engine.abort("queued").finish_reason is FinishReason.ABORT
+    assert engine.abort("prefilling").finish_reason is FinishReason.ABORT
+    assert engine.blocks.num_used_blocks() == 0
+    engine.add_request(EngineRequest("decoding", [1, 2, 3], GREEDY))
+    for _ in range(4):
+        engine.step()
+    assert engine.abort("decoding").num_output_tokens >= 2
+    assert engine.abort("missing") is None
+    assert not engine.has_unfinished() and engine.blocks.num_used_blocks() == 0
+    engine.blocks.check_invariants()
+
+
+def test_timeout_aborts(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4)
+    engine.add_request(EngineRequest("slow", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True),
+                                     timeout_s=0.05))
+    deadline = time.monotonic() + 10
+    finished = None
+    while finished is None and time.monotonic() < deadline:
+        finished = next((o for o in engine.step() if o.finished), None)
+        time.sleep(0.01)  # a slow model: the timeout, not max_tokens, must end it
+    assert finished is not None and finished.finish_reason is FinishReason.ABORT
+    assert engine.blocks.num_used_blocks() == 0
+
+
+def test_bad_requests_raise(loaded):
+    engine = make_engine(loaded, cacheBlockSize=4, maxSeqLen=64, maxInputTokenLen=32, maxIterTimes=16)
+    with pytest.raises(ValueError, match="maxInputTokenLen"):
+        engine.add_request(EngineRequest("long", list(range(40)), GREEDY))
+    with pytest.raises(ValueError, match="out of range"):
+        engine.add_request(EngineRequest("vocab", [10_000], GREEDY))
+    engine.add_request(EngineRequest("dup", [1], GREEDY))
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request(EngineRequest("dup", [1], GREEDY))
+    for kwargs, field in [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
+                          (dict(logprobs=21), "logprobs"), (dict(max_tokens=0), "max_tokens"),
+                          (dict(presence_penalty=3), "presence_penalty")]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match="priority"):
+        EngineRequest("p", [1], GREEDY, priority=6)
+    with pytest.raises(ValueError, match="cacheBlockSize"):
+        EngineConfig.from_mindie({"cacheBlockSize": 0})
+    with pytest.raises(ValueError, match="unknown"):
+        EngineConfig.from_mindie({"cacheBlocksize": 16})
