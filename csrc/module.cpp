@@ -16,6 +16,7 @@ PYBIND11_MODULE(_C, m) {
   mindie::host::bind_sampling(m);
   mindie::host::bind_beam(m);
   mindie::host::bind_layers(m);
+  mindie::host::bind_linear(m);
 
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw pybind11::value_error("num_threads must be >= 1");

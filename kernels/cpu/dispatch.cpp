@@ -7,6 +7,7 @@
 #include "cpu/beam_search.h"
 #include "cpu/kv_cache.h"
 #include "cpu/layers.h"
+#include "cpu/linear.h"
 #include "cpu/paged_attention.h"
 #include "cpu/sampling.h"
 
@@ -24,7 +25,8 @@ namespace mindie::kernels::cpu {
   MINDIE_ATTENTION_KERNELS(X)  \
   MINDIE_SAMPLING_KERNELS(X)   \
   MINDIE_BEAM_SEARCH_KERNELS(X) \
-  MINDIE_LAYER_KERNELS(X)
+  MINDIE_LAYER_KERNELS(X)       \
+  MINDIE_LINEAR_KERNELS(X)
 
 #define MINDIE_DECLARE(name, Args) void name(const Args&);
 namespace isa_scalar { MINDIE_ALL_KERNELS(MINDIE_DECLARE) }

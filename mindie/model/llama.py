@@ -39,6 +39,17 @@ class _Layer:
     down: torch.Tensor
 
 
+# Up to this many token rows, bf16 projections use ops.linear (streams the weight at memory speed);
+# above it torch's GEMM, which is compute-bound and fast there.
+SMALL_BATCH_ROWS = 8
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if x.shape[0] <= SMALL_BATCH_ROWS and weight.dtype == torch.bfloat16:
+        return ops.linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def rope_cos_sin(config: ModelConfig, max_position: int) -> torch.Tensor:
     """[max_position, head_dim] float32: cos of each frequency, then sin (Hugging Face values)."""
     d = config.head_dim
@@ -107,7 +118,7 @@ class LlamaModel:
                 x = ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps)
             else:
                 x = ops.rms_norm(hidden, layer.input_norm, c.rms_norm_eps, residual=residual)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = linear(x, layer.qkv, layer.qkv_bias)
             q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size : c.q_size + c.kv_size].view(tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size :].view(tokens, c.num_kv_heads, c.head_dim)
@@ -116,11 +127,11 @@ class LlamaModel:
             ops.paged_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale, out=attn_out
             )
-            hidden = F.linear(attn_out.view(tokens, c.q_size), layer.o_proj)
+            hidden = linear(attn_out.view(tokens, c.q_size), layer.o_proj)
             x = ops.rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual=residual)
-            hidden = F.linear(ops.silu_and_mul(F.linear(x, layer.gate_up)), layer.down)
+            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
         assert residual is not None
         rows = meta.logits_indices
         final = ops.rms_norm(hidden.index_select(0, rows), self.final_norm, c.rms_norm_eps,
                              residual=residual.index_select(0, rows))
-        return F.linear(final, self.lm_head).float()
+        return linear(final, self.lm_head).float()
