@@ -43,6 +43,9 @@ class ThreadPool {
   }
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // The caller never waits for a worker that has not started: when torch's OpenMP threads still
+  // spin on the cores after a GEMM, a sleeping worker may not run for a whole time slice, and the
+  // caller then simply does every chunk itself. It waits only for workers inside the job.
   void run(int64_t n, int64_t grain, RangeFn fn, void* ctx) {
     std::lock_guard<std::mutex> call_lock(call_mu_);
     fn_ = fn;
@@ -50,14 +53,15 @@ class ThreadPool {
     n_ = n;
     grain_ = grain;
     next_.store(0, std::memory_order_relaxed);
-    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    closed_.store(false, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lk(mu_);
       cv_.notify_all();
     }
     work();
-    while (pending_.load(std::memory_order_acquire) != 0) MINDIE_PAUSE();
+    closed_.store(true, std::memory_order_seq_cst);
+    while (active_.load(std::memory_order_seq_cst) != 0) MINDIE_PAUSE();
   }
 
  private:
@@ -90,8 +94,11 @@ class ThreadPool {
         if (stop_) return;
       }
       seen = generation_.load(std::memory_order_acquire);
-      work();
-      pending_.fetch_sub(1, std::memory_order_release);
+      // Enter, then check the job is still open: the caller closes it before waiting for
+      // active_ to drain, so a late worker never touches a finished job.
+      active_.fetch_add(1, std::memory_order_seq_cst);
+      if (!closed_.load(std::memory_order_seq_cst) && generation_.load(std::memory_order_seq_cst) == seen) work();
+      active_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 
@@ -102,7 +109,8 @@ class ThreadPool {
   std::condition_variable cv_;
   bool stop_ = false;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<int> active_{0};   // workers inside the current job
+  std::atomic<bool> closed_{true};  // every chunk of the current job has been claimed
   std::atomic<int> sleeping_{0};
   RangeFn fn_ = nullptr;
   void* ctx_ = nullptr;
