@@ -1,0 +1,138 @@
+"""The engine for an asyncio server: `add_request` returns an async stream of outputs.
+
+The engine loop runs in its own thread. A model step spends nearly all its time in torch and in
+`mindie._C`, both of which release the GIL, so the event loop keeps serving HTTP while a step runs;
+a separate process would add a copy of every output across a pipe for no gain at this size. The
+engine itself is touched only by its thread: requests and aborts reach it through an inbox, and
+outputs come back through `loop.call_soon_threadsafe` into one queue per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, RequestOutput
+
+
+@dataclass
+class _Add:
+    request: EngineRequest
+    queue: asyncio.Queue[RequestOutput | BaseException]
+    accepted: asyncio.Future[None]
+    loop: asyncio.AbstractEventLoop
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: deque[_Add | str] = deque()  # new requests, or request ids to abort
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="mindie-engine", daemon=True)
+        self._thread.start()
+
+    async def add_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Queues the request (raising ValueError if the engine refuses it) and returns its
+        outputs as they are produced; the last one has a finish reason. Leaving the iteration
+        early (a client that went away) aborts the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        accepted: asyncio.Future[None] = loop.create_future()
+        self._post(_Add(request, queue, accepted, loop))
+        await accepted
+        return self._stream(request.request_id, queue)
+
+    def abort(self, request_id: str) -> None:
+        self._post(request_id)
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join()
+
+    async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
+                      ) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def _post(self, item: _Add | str) -> None:
+        with self._wake:
+            if self._stopped:
+                raise RuntimeError("the engine has shut down")
+            self._inbox.append(item)
+            self._wake.notify()
+
+    # --- engine thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopped and not self._inbox and not self.engine.has_unfinished():
+                    self._wake.wait()
+                if self._stopped:
+                    break
+                inbox = list(self._inbox)
+                self._inbox.clear()
+            for item in inbox:
+                self._take(item)
+            try:
+                outputs = self.engine.step() if self.engine.has_unfinished() else []
+            except Exception as exc:  # a failed step fails its requests, never the thread
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out)
+        self._fail_all(RuntimeError("the engine has shut down"))
+
+    def _take(self, item: _Add | str) -> None:
+        if isinstance(item, str):
+            final = self.engine.abort(item)
+            if final is not None:
+                self._deliver(final)
+            return
+        try:
+            self.engine.add_request(item.request)
+        except Exception as exc:
+            item.loop.call_soon_threadsafe(_settle, item.accepted, exc)
+            return
+        self._queues[item.request.request_id] = (item.loop, item.queue)
+        item.loop.call_soon_threadsafe(_settle, item.accepted, None)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        target = self._queues.get(out.request_id)
+        if target is None:
+            return
+        if out.finished:
+            del self._queues[out.request_id]
+        target[0].call_soon_threadsafe(target[1].put_nowait, out)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id, (loop, queue) in list(self._queues.items()):
+            self.engine.abort(request_id)
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        self._queues.clear()
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

@@ -1,0 +1,85 @@
+"""The async engine: streams per request from the engine thread, errors, early exit aborts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from mindie.config import EngineConfig
+from mindie.engine.async_engine import AsyncEngine
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
+from mindie.model.loader import load_model
+
+GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+def make(loaded) -> LLMEngine:
+    return LLMEngine(loaded, EngineConfig.from_mindie({"cacheBlockSize": 4, "maxSeqLen": 256, "maxIterTimes": 64}))
+
+
+def sync_tokens(loaded, prompt: list[int]) -> list[int]:
+    engine = make(loaded)
+    engine.add_request(EngineRequest("x", prompt, GREEDY))
+    out: list[int] = []
+    while engine.has_unfinished():
+        for o in engine.step():
+            out += o.new_token_ids
+    return out
+
+
+def test_concurrent_streams_match_the_sync_engine(loaded):
+    prompts = [[1, 2, 3], list(range(10, 40)), [7] * 5, list(range(100, 117))]
+    expected = [sync_tokens(loaded, p) for p in prompts]
+    engine = AsyncEngine(make(loaded))
+
+    async def one(i: int, prompt: list[int]) -> tuple[list[int], FinishReason | None]:
+        stream = await engine.add_request(EngineRequest(f"r{i}", prompt, GREEDY))
+        tokens: list[int] = []
+        reason = None
+        async for out in stream:
+            tokens += out.new_token_ids
+            reason = out.finish_reason
+        return tokens, reason
+
+    async def main():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [r[0] for r in results] == expected
+    assert all(r[1] is FinishReason.LENGTH for r in results)
+
+
+def test_rejected_request_raises_and_early_exit_aborts(loaded):
+    core = make(loaded)
+    engine = AsyncEngine(core)
+
+    async def main():
+        with pytest.raises(ValueError, match="out of range"):
+            await engine.add_request(EngineRequest("bad", [10**6], GREEDY))
+        stream = await engine.add_request(EngineRequest("quit", [1, 2, 3], SamplingParams(max_tokens=60,
+                                                                                          ignore_eos=True)))
+        async for _ in stream:
+            break  # the client goes away after its first token
+        await stream.aclose()
+        for _ in range(200):
+            if not core.has_unfinished():
+                break
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert not core.has_unfinished()
+    assert core.blocks.num_used_blocks() == 0
