@@ -66,9 +66,9 @@ class LLM:
             text, ids = self._tokenize(prompt)
             request_id = str(next(self._ids))
             self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text))
-            results[request_id] = GenerationResult(request_id, text, ids, [CompletionOutput(0, "", [], 0.0, None, None)])
-        self._run(results, per_prompt_logprobs={r: p.logprobs for r, p in zip(results, per_prompt)},
-                  use_tqdm=use_tqdm)
+            samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(p.num_samples)]
+            results[request_id] = GenerationResult(request_id, text, ids, samples)
+        self._run(results, dict(zip(results, per_prompt)), use_tqdm=use_tqdm)
         return list(results.values())
 
     def chat(
@@ -91,8 +91,7 @@ class LLM:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         raise ValueError("a prompt must be a string or a dict with 'prompt_token_ids'")
 
-    def _run(self, results: dict[str, GenerationResult], per_prompt_logprobs: dict[str, int | None],
-             use_tqdm: bool) -> None:
+    def _run(self, results: dict[str, GenerationResult], params: dict[str, SamplingParams], use_tqdm: bool) -> None:
         bar = None
         if use_tqdm:
             from tqdm import tqdm
@@ -102,8 +101,14 @@ class LLM:
         while pending:
             for out in self.engine.step():
                 if out.request_id in results:
-                    self._accumulate(results[out.request_id], out, per_prompt_logprobs[out.request_id])
-                    if out.finished:
+                    result, p = results[out.request_id], params[out.request_id]
+                    self._accumulate(result, out, p.logprobs)
+                    if out.request_done:
+                        if p.num_samples > p.n:  # best_of: the n best by cumulative log-probability
+                            best = sorted(result.outputs, key=lambda c: c.cumulative_logprob, reverse=True)
+                            result.outputs = best[: p.n]
+                            for i, c in enumerate(result.outputs):
+                                c.index = i
                         pending.discard(out.request_id)
                         if bar is not None:
                             bar.update(1)
@@ -112,7 +117,7 @@ class LLM:
 
     @staticmethod
     def _accumulate(result: GenerationResult, out: RequestOutput, want_logprobs: int | None) -> None:
-        c = result.outputs[0]
+        c = result.outputs[out.index]
         c.text += out.new_text
         c.token_ids += out.new_token_ids
         c.cumulative_logprob = out.cumulative_logprob

@@ -39,7 +39,8 @@ class AsyncEngine:
 
     async def add_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Queues the request (raising ValueError if the engine refuses it) and returns its
-        outputs as they are produced; the last one has a finish reason. Leaving the iteration
+        outputs as they are produced (one per sample and step, tagged with the sample's index);
+        the last one has `request_done` set. Leaving the iteration
         early (a client that went away) aborts the request."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
@@ -65,7 +66,7 @@ class AsyncEngine:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.finished
+                finished = item.request_done
                 yield item
         finally:
             if not finished:
@@ -102,8 +103,7 @@ class AsyncEngine:
 
     def _take(self, item: _Add | str) -> None:
         if isinstance(item, str):
-            final = self.engine.abort(item)
-            if final is not None:
+            for final in self.engine.abort(item):
                 self._deliver(final)
             return
         try:
@@ -118,7 +118,7 @@ class AsyncEngine:
         target = self._queues.get(out.request_id)
         if target is None:
             return
-        if out.finished:
+        if out.request_done:
             del self._queues[out.request_id]
         target[0].call_soon_threadsafe(target[1].put_nowait, out)
 

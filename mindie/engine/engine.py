@@ -38,14 +38,14 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
-        self.sequences: dict[str, Sequence] = {}
+        self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
 
     # --- requests ------------------------------------------------------------------------------
 
     def add_request(self, request: EngineRequest) -> None:
         """Queues a request; raises ValueError (naming the field and range) if it cannot run."""
-        if request.request_id in self.sequences:
+        if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         prompt_len = len(request.prompt_token_ids)
         if prompt_len > self.config.max_input_len:
@@ -67,24 +67,27 @@ class LLMEngine:
                 f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
                 f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
             )
-        seed = request.params.seed if request.params.seed is not None else secrets.randbits(63)
-        detok = IncrementalDetokenizer(
-            self.tokenizer,
-            request.prompt_token_ids,
-            skip_special_tokens=request.params.skip_special_tokens,
-            stop=request.params.stop,
-            include_stop_str_in_output=request.params.include_stop_str_in_output,
-        )
-        seq = Sequence(request, seed, max_total, detok)
-        self.sequences[request.request_id] = seq
-        self.scheduler.add(seq)
+        base_seed = request.params.seed if request.params.seed is not None else secrets.randbits(63)
+        samples: list[Sequence] = []
+        for index in range(request.params.num_samples):
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                request.prompt_token_ids,
+                skip_special_tokens=request.params.skip_special_tokens,
+                stop=request.params.stop,
+                include_stop_str_in_output=request.params.include_stop_str_in_output,
+            )
+            seed = (base_seed + index) % 2**63  # distinct, reproducible draws per sample
+            samples.append(Sequence(request, index, seed, max_total, detok,
+                                    admit_after=samples[0] if samples else None))
+        self.requests[request.request_id] = samples
+        for seq in samples:
+            self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Stops a request in any phase and frees its blocks; returns its final output."""
-        seq = self.sequences.get(request_id)
-        if seq is None:
-            return None
-        return self._finish(seq, FinishReason.ABORT, [], [], "", 0)
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """Stops every sample of a request in any phase and frees their blocks; returns their
+        final outputs (empty if the request is unknown or already finished)."""
+        return [self._finish(seq, FinishReason.ABORT, [], [], "", 0) for seq in list(self.requests.get(request_id, []))]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -104,7 +107,7 @@ class LLMEngine:
 
     def _expire_timeouts(self) -> list[RequestOutput]:
         now = time.monotonic()
-        expired = [s for s in self.sequences.values() if s.timed_out(now)]
+        expired = [s for samples in self.requests.values() for s in samples if s.timed_out(now)]
         return [self._finish(s, FinishReason.ABORT, [], [], "", 0) for s in expired]
 
     def _update(self, seqs: list[Sequence], logits: torch.Tensor, batch_size: int) -> list[RequestOutput]:
@@ -147,15 +150,19 @@ class LLMEngine:
             text += seq.detokenizer.flush()
         seq.finish_reason = reason
         self.scheduler.remove(seq)
-        del self.sequences[seq.seq_id]
-        return self._output(seq, tokens, lps, text, reason, batch_size)
+        samples = self.requests[seq.request.request_id]
+        samples.remove(seq)
+        if not samples:
+            del self.requests[seq.request.request_id]
+        return self._output(seq, tokens, lps, text, reason, batch_size, request_done=not samples)
 
     def _output(self, seq: Sequence, tokens: list[int], lps: list[TokenLogprob], text: str,
-                reason: FinishReason | None, batch_size: int) -> RequestOutput:
+                reason: FinishReason | None, batch_size: int, request_done: bool = False) -> RequestOutput:
         first = seq.first_token_time is not None and seq.num_output_tokens == len(tokens) and tokens
         queue_wait = (seq.first_scheduled_time or time.monotonic()) - seq.request.arrival_time
         return RequestOutput(
-            request_id=seq.seq_id,
+            request_id=seq.request.request_id,
+            index=seq.index,
             new_token_ids=tokens,
             new_text=text,
             new_logprobs=lps,
@@ -168,4 +175,5 @@ class LLMEngine:
             queue_wait_s=queue_wait,
             first_token_latency_s=(seq.first_token_time - seq.request.arrival_time) if first else None,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+            request_done=request_done,
         )

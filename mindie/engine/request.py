@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-probabilities
 
+MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
+
 
 class FinishReason(str, enum.Enum):
     EOS = "eos"  # an end-of-sequence token or one of stop_token_ids
@@ -46,7 +48,8 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-N log-probabilities per token, 0..20; None: none
-    n: int = 1
+    n: int = 1  # samples returned
+    best_of: int | None = None  # samples generated (>= n); the n with the best cumulative logprob return
 
     def __post_init__(self) -> None:
         _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
@@ -65,7 +68,14 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "non-negative integers", self.stop_token_ids)
-        _check(self.n == 1, "n", "1 (several samples per request are not supported yet)", self.n)
+        _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
+        _check(self.best_of is None or (isinstance(self.best_of, int) and self.n <= self.best_of <= MAX_N),
+               "best_of", f"in [n={self.n}, {MAX_N}]", self.best_of)
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated for the request: best_of, or n."""
+        return self.best_of or self.n
 
     @property
     def greedy(self) -> bool:
@@ -97,9 +107,12 @@ class TokenLogprob:
 
 @dataclass
 class RequestOutput:
-    """What one step produced for one request (the deltas), plus its running totals."""
+    """What one step produced for one sample of a request (the deltas), plus its running totals.
+    A request with best_of = k has samples 0..k-1; `request_done` marks the output after which
+    no sample of the request produces anything more."""
 
     request_id: str
+    index: int
     new_token_ids: list[int]
     new_text: str
     new_logprobs: list[TokenLogprob]
@@ -112,6 +125,7 @@ class RequestOutput:
     queue_wait_s: float  # time the request waited before its first step (MindIE queue_wait_time)
     first_token_latency_s: float | None  # set on the output that carries the first token
     num_cached_prompt_tokens: int = 0
+    request_done: bool = False
 
     @property
     def finished(self) -> bool:

@@ -92,16 +92,20 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # blocks are short: admit nobody new this step
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+        held = 0  # sibling samples waiting for their lead's prompt stay in place
+        while held < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_batch_size:
             if prefills >= self.config.max_prefill_batch_size:
                 break
-            seq = self.waiting[0]
+            seq = self.waiting[held]
+            if not seq.admissible:
+                held += 1
+                continue
             cached = self.blocks.match_prefix(seq.token_ids).num_tokens
             n = min(len(seq.token_ids) - cached, budget)
             reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n)
             if reused is None:
                 break  # strict priority order: nobody jumps the queue
-            self.waiting.pop(0)
+            self.waiting.pop(held)
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             seq.num_computed_tokens = reused

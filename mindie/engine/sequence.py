@@ -19,9 +19,13 @@ class SequenceStatus(enum.Enum):
 @dataclass(eq=False)
 class Sequence:
     request: EngineRequest
+    index: int  # sample number within the request (n / best_of)
     seed: int
     max_total_tokens: int  # prompt + the most new tokens this request may produce
     detokenizer: Any  # IncrementalDetokenizer; owned by the engine's output side
+    # Sibling samples wait until sample 0 has computed the prompt, then share its full prompt
+    # blocks through the prefix cache instead of prefilling the same tokens again.
+    admit_after: Sequence | None = None
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     status: SequenceStatus = SequenceStatus.WAITING
@@ -39,7 +43,12 @@ class Sequence:
 
     @property
     def seq_id(self) -> str:
-        return self.request.request_id
+        return f"{self.request.request_id}#{self.index}"
+
+    @property
+    def admissible(self) -> bool:
+        lead = self.admit_after
+        return lead is None or lead.status is SequenceStatus.FINISHED or lead.num_computed_tokens >= lead.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
