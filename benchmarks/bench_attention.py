@@ -73,7 +73,7 @@ def main() -> None:
           f"({share * 100:5.1f}% of the bandwidth measured beside it)")
     print(f"  torch      {fmt_ms(t_torch)}  {kv_bytes / t_torch / 1e9:6.1f} GB/s   speed-up x{t_torch / t_ours:.2f}")
 
-    for n, (seqs_p, plen) in enumerate([(1, 512), (4, 256)]):
+    for seqs_p, plen in [(1, 512), (4, 256)]:
         nb = math.ceil(plen / bs)
         tables = torch.randperm(num_blocks)[: seqs_p * nb].to(torch.int32).view(seqs_p, nb)
         qp = torch.randn(seqs_p * plen, heads, d).bfloat16()
@@ -86,7 +86,8 @@ def main() -> None:
         flops = 4 * seqs_p * heads * d * plen * plen / 2
         print(f"\nprefill {seqs_p} x {plen} tokens (causal), bf16")
         print(f"  mindie._C  {fmt_ms(t_ours)}  {flops / t_ours / 1e9:6.1f} GFLOP/s")
-        print(f"  torch      {fmt_ms(t_torch)}  {flops / t_torch / 1e9:6.1f} GFLOP/s   speed-up x{t_torch / t_ours:.2f}")
+        print(f"  torch      {fmt_ms(t_torch)}  {flops / t_torch / 1e9:6.1f} GFLOP/s   "
+              f"speed-up x{t_torch / t_ours:.2f}")
 
     tokens = 256
     k_new = torch.randn(tokens, kv_heads, d).bfloat16()

@@ -15,7 +15,7 @@ import time
 import torch
 from common import memory_read_bandwidth
 
-from mindie import LLM, SamplingParams, _C
+from mindie import _C, LLM, SamplingParams
 from mindie.engine.request import EngineRequest
 
 
@@ -28,7 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--skip-concurrent", action="store_true")
     args = ap.parse_args()
-    print(f"kernel variant {_C.get_isa()}, kernel threads {_C.get_num_threads()}, torch threads {torch.get_num_threads()}")
+    print(f"kernel variant {_C.get_isa()}, kernel threads {_C.get_num_threads()}, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"memory read bandwidth: {memory_read_bandwidth() / 1e9:.1f} GB/s")
     t0 = time.perf_counter()
     llm = LLM(dtype="bfloat16", enablePrefixCache=False)

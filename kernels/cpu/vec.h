@@ -248,11 +248,6 @@ struct VecF {
 
 // Helpers over whole rows, built on VecF so every variant shares them.
 
-// Asks for the cache lines of [p, p + bytes) ahead of use (bytes <= a few lines).
-inline void prefetch(const void* p, int bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
-}
 
 template <typename T>
 inline float dot(const float* a, const T* b, int n) {

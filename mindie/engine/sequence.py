@@ -48,7 +48,9 @@ class Sequence:
     @property
     def admissible(self) -> bool:
         lead = self.admit_after
-        return lead is None or lead.status is SequenceStatus.FINISHED or lead.num_computed_tokens >= lead.num_prompt_tokens
+        if lead is None or lead.status is SequenceStatus.FINISHED:
+            return True
+        return lead.num_computed_tokens >= lead.num_prompt_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

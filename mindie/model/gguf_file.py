@@ -78,7 +78,8 @@ def read_gguf(path: str) -> GGUFContents:
         return _field(reader, f"{arch}.{key}", default)
 
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    heads, kv_heads = int(meta("attention.head_count")), int(meta("attention.head_count_kv", meta("attention.head_count")))
+    heads = int(meta("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
     hidden = int(meta("embedding_length"))
     names = {t.name for t in reader.tensors}
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
