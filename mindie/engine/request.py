@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-probabilities
 
 MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
+MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024  # bound the work a request sizes
 
 
 class FinishReason(str, enum.Enum):
@@ -65,9 +66,14 @@ class SamplingParams:
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "in [0, 2^63)", self.seed)
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
                f"in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
-        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "non-empty strings", self.stop)
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               "non-negative integers", self.stop_token_ids)
+        _check(len(self.stop) <= MAX_STOP_STRINGS and all(
+            isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop),
+            "stop", f"at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_CHARS} characters",
+            self.stop if len(self.stop) <= 4 else f"{len(self.stop)} strings")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(
+            isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} non-negative integers",
+            self.stop_token_ids if len(self.stop_token_ids) <= 8 else f"{len(self.stop_token_ids)} ids")
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
         _check(self.best_of is None or (isinstance(self.best_of, int) and self.n <= self.best_of <= MAX_N),
                "best_of", f"in [n={self.n}, {MAX_N}]", self.best_of)

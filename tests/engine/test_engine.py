@@ -185,7 +185,9 @@ def test_bad_requests_raise(loaded):
         engine.add_request(EngineRequest("dup", [1], GREEDY))
     for kwargs, field in [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
                           (dict(logprobs=21), "logprobs"), (dict(max_tokens=0), "max_tokens"),
-                          (dict(presence_penalty=3), "presence_penalty")]:
+                          (dict(presence_penalty=3), "presence_penalty"), (dict(stop=("x",) * 65), "stop"),
+                          (dict(stop=("x" * 1025,)), "stop"), (dict(n=129), "n"),
+                          (dict(stop_token_ids=tuple(range(1025))), "stop_token_ids")]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)
     with pytest.raises(ValueError, match="priority"):
@@ -231,3 +233,39 @@ def test_best_of_returns_the_most_likely(tiny_llama_dir):
     assert [c.index for c in result.outputs] == [0, 1]
     with pytest.raises(ValueError, match="best_of"):
         SamplingParams(n=3, best_of=2)
+
+
+def test_random_load_with_aborts_never_leaks(loaded):
+    """Random requests (sampling, penalties, stops, n, priorities) on a pool small enough to
+    preempt, with random aborts: the block invariant holds after every step and every block
+    comes back."""
+    import random
+
+    rng = random.Random(11)
+    engine = make_engine(loaded, cacheBlockSize=4, numKvBlocks=40, maxPrefillTokens=16, maxBatchSize=6)
+    live: set[str] = set()
+    finished: set[str] = set()
+    for step in range(400):
+        if rng.random() < 0.3 and len(live) < 12:
+            rid = f"r{step}"
+            params = SamplingParams(
+                max_tokens=rng.randint(1, 20), temperature=rng.choice([0.0, 0.7, 1.3]), top_k=rng.choice([0, 5]),
+                top_p=rng.choice([1.0, 0.8]), repetition_penalty=rng.choice([1.0, 1.3]), seed=rng.randint(0, 99),
+                stop=rng.choice([(), ("a",)]), n=rng.choice([1, 1, 2]), ignore_eos=rng.random() < 0.5)
+            prompt = [rng.randrange(256) for _ in range(rng.randint(1, 30))]
+            engine.add_request(EngineRequest(rid, prompt, params, priority=rng.randint(1, 5)))
+            live.add(rid)
+        if live and rng.random() < 0.05:
+            victim = rng.choice(sorted(live))
+            engine.abort(victim)
+            live.discard(victim)
+        for out in engine.step():
+            if out.request_done:
+                live.discard(out.request_id)
+                finished.add(out.request_id)
+        engine.blocks.check_invariants()
+    while engine.has_unfinished():
+        engine.step()
+        engine.blocks.check_invariants()
+    assert len(finished) > 20
+    assert engine.blocks.num_used_blocks() == 0 and not engine.requests
