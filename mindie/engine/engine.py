@@ -123,7 +123,6 @@ class LLMEngine:
             lp = TokenLogprob(token, logprobs[row], list(zip(top_ids[row][:n_top], top_lps[row][:n_top])))
             seq.token_ids.append(token)
             seq.cumulative_logprob += lp.logprob
-            seq.logprobs.append(lp)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             delta = seq.detokenizer.append([token])

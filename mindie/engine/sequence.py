@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mindie.engine.request import EngineRequest, FinishReason, TokenLogprob
+from mindie.engine.request import EngineRequest, FinishReason
 
 
 class SequenceStatus(enum.Enum):
@@ -32,7 +32,6 @@ class Sequence:
     num_preemptions: int = 0
     num_cached_prompt_tokens: int = 0  # prefix-cache hit at first admission
     cumulative_logprob: float = 0.0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_reason: FinishReason | None = None
