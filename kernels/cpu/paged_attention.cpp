@@ -300,17 +300,32 @@ class Attention {
     }
   }
 
-  // Scores of GC heads against n keys into st[t][4] (token-major). The float path uses the
-  // pre-scaled float32 queries in qf; the bf16 path the raw bf16 queries, scaled afterwards.
-  // Scores of a group of kTokenGroup tokens x 4 heads are reduced together: W lane sums at once.
-  // st must hold 4 * (n + kTokenGroup) floats.
-  template <int GC, int DV, bool kBf16Dot>
-  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st,
-                  PrefetchStream& ahead) const {
+  // Walks the keys a group of kTokenGroup tokens at a time: token_dots(key_row, out) writes the GC
+  // partial dot-product vectors of one key, and each group's W lane sums (kTokenGroup tokens x 4
+  // heads) are reduced at once into st[t][4] (token-major). st must hold 4 * (n + kTokenGroup).
+  template <typename TokenDots>
+  void reduce_scores(const KV* k, int n, float* st, PrefetchStream& ahead, TokenDots&& token_dots) const {
     constexpr int W = VecF::W;
     // Only vector variants (W >= 4) reach this path; the clamp keeps the scalar build compiling.
     constexpr int kTokenGroup = W >= 4 ? W / 4 : 1;
     constexpr int kLanes = W >= 4 ? W : 4;
+    for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
+      VecF p[kLanes];
+      for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
+      for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+        ahead.step();
+        token_dots(k + (t0 + tg) * row_, p + tg * 4);
+      }
+      VecF::reduce_add_w(p, st + 4 * t0);
+    }
+  }
+
+  // Scores of GC heads against n keys. The float path uses the pre-scaled float32 queries in qf;
+  // the bf16 path the raw bf16 queries, scaled afterwards.
+  template <int GC, int DV, bool kBf16Dot>
+  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st,
+                  PrefetchStream& ahead) const {
+    constexpr int W = VecF::W;
 #if MINDIE_BF16_DOT
     if constexpr (kBf16Dot) {
       constexpr int DP = DV / 2;  // 32 bf16 per register
@@ -319,22 +334,15 @@ class Attention {
       for (int g = 0; g < GC; ++g)
         for (int j = 0; j < DP; ++j) q[g][j] = (__m512bh)_mm512_loadu_si512(qb + (head0 + g) * D_ + j * 32);
       const __m512 scale = _mm512_set1_ps(a_.scale);
-      for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
-        VecF p[kLanes];
-        for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
-        for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
-          ahead.step();
-          const KV* kr = k + (t0 + tg) * row_;
-          __m512bh kb[DP];
-          for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
-          for (int g = 0; g < GC; ++g) {
-            __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
-            for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
-            p[tg * 4 + g] = VecF(_mm512_mul_ps(acc, scale));
-          }
+      reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
+        __m512bh kb[DP];
+        for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
+        for (int g = 0; g < GC; ++g) {
+          __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
+          for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
+          out[g] = VecF(_mm512_mul_ps(acc, scale));
         }
-        VecF::reduce_add_w(p, st + 4 * t0);
-      }
+      });
       return;
     }
 #endif
@@ -342,25 +350,18 @@ class Attention {
     VecF q[GC][DV];
     for (int g = 0; g < GC; ++g)
       for (int j = 0; j < DV; ++j) q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
-    for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
-      VecF p[kLanes];
-      for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
-      for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
-        ahead.step();
-        const KV* kr = k + (t0 + tg) * row_;
-        VecF kv[DV];
-        for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
-        for (int g = 0; g < GC; ++g) {
-          VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
-          for (int j = 2; j < DV; j += 2) {
-            p0 = VecF::fma(q[g][j], kv[j], p0);
-            p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
-          }
-          p[tg * 4 + g] = p0 + p1;
+    reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
+      VecF kv[DV];
+      for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
+      for (int g = 0; g < GC; ++g) {
+        VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
+        for (int j = 2; j < DV; j += 2) {
+          p0 = VecF::fma(q[g][j], kv[j], p0);
+          p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
         }
+        out[g] = p0 + p1;
       }
-      VecF::reduce_add_w(p, st + 4 * t0);
-    }
+    });
   }
 
   template <int GC, int DV, bool kBf16Dot>
