@@ -280,22 +280,20 @@ class Attention {
     // bf16 queries against bf16 keys: vdpbf16ps multiplies the raw pairs exactly and sums in
     // float32, the same arithmetic as converting first, with half the instructions.
     if constexpr (std::is_same_v<Q, bf16_t> && std::is_same_v<KV, bf16_t>) {
-      if (cpu_has_avx512_bf16()) {
-        switch (gc) {
-          case 1: decode_fixed<1, DV, true>(rows, h, head0, qf, s, sm); return true;
-          case 2: decode_fixed<2, DV, true>(rows, h, head0, qf, s, sm); return true;
-          case 3: decode_fixed<3, DV, true>(rows, h, head0, qf, s, sm); return true;
-          case 4: decode_fixed<4, DV, true>(rows, h, head0, qf, s, sm); return true;
-          default: return false;
-        }
-      }
+      if (cpu_has_avx512_bf16()) return decode_fixed_heads<DV, true>(rows, h, head0, gc, qf, s, sm);
     }
 #endif
+    return decode_fixed_heads<DV, false>(rows, h, head0, gc, qf, s, sm);
+  }
+
+  template <int DV, bool kBf16Dot>
+  bool decode_fixed_heads(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                          OnlineSoftmax& sm) const {
     switch (gc) {
-      case 1: decode_fixed<1, DV, false>(rows, h, head0, qf, s, sm); return true;
-      case 2: decode_fixed<2, DV, false>(rows, h, head0, qf, s, sm); return true;
-      case 3: decode_fixed<3, DV, false>(rows, h, head0, qf, s, sm); return true;
-      case 4: decode_fixed<4, DV, false>(rows, h, head0, qf, s, sm); return true;
+      case 1: decode_fixed<1, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 2: decode_fixed<2, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 3: decode_fixed<3, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 4: decode_fixed<4, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
       default: return false;
     }
   }
