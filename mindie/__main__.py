@@ -1,0 +1,3 @@
+from mindie.cli import main
+
+main()

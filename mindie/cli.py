@@ -1,0 +1,60 @@
+"""`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from mindie.server.config import ConfigError, ServerSettings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mindie", description="A MindIE-compatible LLM inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over HTTP (MindIE, OpenAI, TGI, vLLM and Triton APIs)")
+    serve.add_argument("model", nargs="?", help="a GGUF file or a Hugging Face directory (default: the embedded "
+                       "SmolLM2-135M-Instruct, or ModelConfig.modelWeightPath of --config)")
+    serve.add_argument("--config", help="a MindIE config.json; the flags below override it")
+    serve.add_argument("--host", help="business-plane address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="business-plane port (default 1025)")
+    serve.add_argument("--management-host", help="management and metrics address (default 127.0.0.2)")
+    serve.add_argument("--management-port", type=int, help="management-plane port (default 1026)")
+    serve.add_argument("--metrics-port", type=int, help="metrics-plane port (default 1027)")
+    serve.add_argument("--api-key", default=os.environ.get("MINDIE_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on every business route (or env MINDIE_API_KEY)")
+    serve.add_argument("--model-name", help="the name clients use in `model` and in /v2/models/{name}")
+    serve.add_argument("--dtype", choices=["bfloat16", "float32"])
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    settings = ServerSettings.from_file(args.config) if args.config else ServerSettings()
+    return settings.with_overrides(
+        model_path=args.model, host=args.host, port=args.port, management_host=args.management_host,
+        management_port=args.management_port, metrics_port=args.metrics_port, api_key=args.api_key,
+        model_name=args.model_name, dtype=args.dtype,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except (ConfigError, OSError) as exc:
+        sys.exit(f"mindie: configuration error: {exc}")
+    for port_name in ("port", "management_port", "metrics_port"):
+        port = getattr(settings, port_name)
+        if not 1024 <= port <= 65535:
+            sys.exit(f"mindie: configuration error: --{port_name.replace('_', '-')} must be in [1024, 65535], "
+                     f"got {port}")
+    if settings.ignored:
+        print(f"note: these config keys have no effect on this server: {', '.join(settings.ignored)}",
+              file=sys.stderr)
+    from mindie.server.launcher import run
+
+    run(settings)
+
+
+if __name__ == "__main__":
+    main()

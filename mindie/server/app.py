@@ -1,0 +1,229 @@
+"""The HTTP applications: one route table over the three planes (business, management,
+metrics), the wrapper every route shares (body limit, validation and error shapes, API key),
+and the OpenAPI document generated from the same request models that validate."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mindie import __version__
+from mindie.server import management
+from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.fields import Body, describe, parse
+from mindie.server.protocols import native, openai, tgi, triton, vllm
+from mindie.server.protocols.common import error_response, json_response
+from mindie.server.serving import ClientGone, GenerationTimeout, Serving
+
+log = logging.getLogger("mindie.server")
+
+BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+Handler = Callable[..., Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    plane: str
+    method: str
+    path: str
+    handler: Handler
+    style: ErrorStyle = ErrorStyle.MINDIE
+    body_model: type[Body] | None = None  # documents the body in /openapi.json
+    summary: str = ""
+
+
+class _GenerateProbe(Body):
+    model_config = Body.model_config | {"strict": False}
+    prompt: Any = None
+    inputs: Any = None
+
+
+async def generate_dispatch(ctx: Serving, request: Request, body: bytes) -> Response:
+    """POST /generate is vLLM's when the body has `prompt`, TGI's when it has `inputs`."""
+    probe = parse(_GenerateProbe, body)
+    if probe.prompt is not None:
+        return await vllm.generate(ctx, request, parse(vllm.VLLMRequest, body))
+    if probe.inputs is not None:
+        return await tgi.generate(ctx, request, parse(tgi.TGIRequest, body))
+    raise APIError(422, "`inputs` (TGI) or `prompt` (vLLM) is required and must be a string", "inputs")
+
+
+class TokenizerRequest(Body):
+    inputs: str
+    do_decode: bool = True
+
+
+async def mindie_tokenizer(ctx: Serving, request: Request, body: bytes) -> Response:
+    req = parse(TokenizerRequest, body)
+    if not req.inputs:
+        raise APIError(422, "inputs must be a non-empty string", "inputs")
+    ctx.check_text(req.inputs, "inputs")
+    ids = ctx.tokenizer.encode(req.inputs)
+    tokens: list[Any] = [ctx.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if req.do_decode else ids
+    return json_response({"token_number": len(ids), "tokens": tokens})
+
+
+OAI, NAT = ErrorStyle.OPENAI, ErrorStyle.MINDIE
+ROUTES: list[RouteSpec] = [
+    RouteSpec(BUSINESS, "POST", "/infer", native.infer, NAT, native.InferRequest, "MindIE native text generation"),
+    RouteSpec(BUSINESS, "POST", "/infer_token", native.infer, NAT, native.InferRequest, "MindIE native, token ids in"),
+    RouteSpec(BUSINESS, "POST", "/generate", generate_dispatch, NAT, tgi.TGIRequest, "TGI (inputs) or vLLM (prompt)"),
+    RouteSpec(BUSINESS, "POST", "/generate_stream", tgi.generate_stream, NAT, tgi.TGIRequest, "TGI streaming"),
+    RouteSpec(BUSINESS, "POST", "/", tgi.root, NAT, tgi.TGIRequest, "TGI root"),
+    RouteSpec(BUSINESS, "POST", "/v1/chat/completions", openai.chat, OAI, openai.ChatRequest, "OpenAI chat"),
+    RouteSpec(BUSINESS, "POST", "/v1/completions", openai.completions, OAI, openai.CompletionRequest,
+              "OpenAI completions"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate", triton.generate, NAT, triton.TritonTextRequest,
+              "Triton text generation"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate_stream", triton.generate_stream, NAT,
+              triton.TritonTextRequest, "Triton streaming text generation"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/infer", triton.infer, NAT, triton.TritonTokenRequest,
+              "Triton token tensors"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/stopInfer", triton.stop_infer, NAT, triton.StopRequest,
+              "Cancel a request by id"),
+    RouteSpec(BUSINESS, "POST", "/v1/tokenizer", mindie_tokenizer, NAT, TokenizerRequest, "MindIE tokenizer"),
+    RouteSpec(BUSINESS, "POST", "/tokenize", vllm.tokenize, OAI, vllm.TokenizeRequest, "vLLM tokenize"),
+    RouteSpec(BUSINESS, "POST", "/detokenize", vllm.detokenize, OAI, vllm.DetokenizeRequest, "vLLM detokenize"),
+    RouteSpec(BUSINESS, "GET", "/tokenizer_info", vllm.tokenizer_info, OAI),
+    RouteSpec(BUSINESS, "GET", "/v1/models", openai.list_models, OAI),
+    RouteSpec(BUSINESS, "GET", "/v1/models/{model}", openai.get_model, OAI),
+    RouteSpec(BUSINESS, "GET", "/v2", triton.server_metadata),
+    RouteSpec(BUSINESS, "GET", "/v2/models/{model}", triton.model_metadata),
+    RouteSpec(BUSINESS, "GET", "/v2/models/{model}/config", triton.model_config),
+    RouteSpec(MANAGEMENT, "GET", "/health", management.health),
+    RouteSpec(MANAGEMENT, "GET", "/health/timed", management.health_timed),
+    RouteSpec(MANAGEMENT, "GET", "/health/timed-{seconds}", management.health_timed),
+    RouteSpec(MANAGEMENT, "GET", "/v2/health/live", management.live),
+    RouteSpec(MANAGEMENT, "GET", "/v2/health/ready", management.ready),
+    RouteSpec(MANAGEMENT, "GET", "/v2/models/{model}/ready", management.model_ready),
+    RouteSpec(MANAGEMENT, "GET", "/info", management.info),
+    RouteSpec(MANAGEMENT, "GET", "/v2/models/{model}/getSlotCount", management.slot_count),
+    RouteSpec(MANAGEMENT, "GET", "/metrics-json", management.metrics_json),
+    RouteSpec(MANAGEMENT, "GET", "/v1/config", management.config),
+    RouteSpec(MANAGEMENT, "GET", "/v1/status", management.status),
+    RouteSpec(MANAGEMENT, "GET", "/v2/status", management.status_v2),
+    RouteSpec(MANAGEMENT, "GET", "/stopService", management.stop_service),
+    RouteSpec(METRICS, "GET", "/metrics", management.metrics),
+]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed the limit (from
+    Content-Length, or while it arrives), never buffered whole first."""
+    too_big = APIError(413, f"Request body too large. Maximum allowed size is {limit // 2**20}MB.")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
+    guarded = spec.plane == BUSINESS and ctx.settings.api_key is not None
+    expected = f"Bearer {ctx.settings.api_key}".encode() if guarded else b""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            if guarded and not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+                raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
+                               headers={"WWW-Authenticate": "Bearer"})
+            if spec.method == "POST":
+                body = await read_body(request, ctx.settings.max_request_bytes)
+                return await spec.handler(ctx, request, body)
+            return await spec.handler(ctx, request)
+        except APIError as exc:
+            return error_response(exc.for_style(spec.style), spec.style)
+        except ValidationError as exc:
+            message, param = describe(exc)
+            return error_response(APIError(422, message, param).for_style(spec.style), spec.style)
+        except GenerationTimeout as exc:
+            return error_response(APIError(500, str(exc)), spec.style)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening any more
+        except Exception:
+            log.exception("unhandled error in %s %s", spec.method, spec.path)
+            return error_response(APIError(500, "Server internal error"), spec.style)
+
+    return endpoint
+
+
+class RequestIdMiddleware:
+    """Echoes X-Request-Id (or makes one) on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), None) or uuid.uuid4().hex.encode()
+        rid = rid[:128]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def openapi_document(ctx: Serving | None = None) -> dict[str, Any]:
+    from pydantic.json_schema import models_json_schema
+
+    models = sorted({s.body_model for s in ROUTES if s.body_model is not None}, key=lambda m: m.__name__)
+    refs, schema = models_json_schema([(m, "validation") for m in models], ref_template="#/components/schemas/{model}")
+    paths: dict[str, Any] = {}
+    for s in ROUTES:
+        if s.plane != BUSINESS:
+            continue
+        op: dict[str, Any] = {"summary": s.summary or s.path, "responses": {"200": {"description": "OK"}}}
+        params = [p.strip("{}") for p in s.path.split("/") if p.startswith("{")]
+        if params:
+            op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                                for p in params]
+        if s.body_model is not None:
+            op["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": refs[(s.body_model, "validation")]}}}
+        paths.setdefault(s.path, {})[s.method.lower()] = op
+    return {"openapi": "3.1.0", "info": {"title": "MindIE-compatible server", "version": __version__},
+            "paths": paths, "components": {"schemas": schema.get("$defs", {})}}
+
+
+def build_apps(ctx: Serving) -> dict[tuple[str, int], Starlette]:
+    """One Starlette app per distinct (host, port): the planes share a listener when their
+    addresses coincide, as in MindIE."""
+    s = ctx.settings
+    address = {BUSINESS: (s.host, s.port), MANAGEMENT: (s.management_host, s.management_port),
+               METRICS: (s.management_host, s.metrics_port)}
+    routes: dict[tuple[str, int], list[Route]] = {}
+    for spec in ROUTES:
+        routes.setdefault(address[spec.plane], []).append(Route(spec.path, _endpoint(ctx, spec), methods=[spec.method]))
+    doc = openapi_document(ctx)
+
+    async def openapi(request: Request) -> Response:
+        return json_response(doc)
+
+    routes[address[BUSINESS]].append(Route("/openapi.json", openapi, methods=["GET"]))
+    middleware = [Middleware(RequestIdMiddleware),
+                  Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
+    return {addr: Starlette(routes=r, middleware=middleware) for addr, r in routes.items()}

@@ -1,0 +1,332 @@
+"""The server's configuration: MindIE's `config.json`, checked key by key.
+
+Every key MindIE documents is known here with its type and range. A key that is not known, or a
+value outside its range, stops start-up with a message naming the key and the range. Keys that
+only make sense on an NPU cluster (TLS for inter-node links, multi-node ports, KMC key stores,
+NPU scheduling heuristics) are accepted so that a MindIE config loads unchanged, and listed by
+`ServerSettings.ignored` so start-up can say they have no effect here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from mindie.config import EngineConfig
+
+_INT_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class _Key:
+    kind: type | tuple[type, ...]
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[Any, ...] | None = None
+    honoured: bool = True
+
+    def check(self, path: str, value: Any) -> None:
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        ok_type = any(
+            isinstance(value, k) and not (k in (int, float) and isinstance(value, bool)) for k in kinds
+        ) or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
+        names = "/".join(k.__name__ for k in kinds)
+        if not ok_type:
+            raise ConfigError(f"{path} must be of type {names}{self._rule()}, got {value!r}")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{path} must be one of {list(self.choices)}, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+                raise ConfigError(f"{path} must be in {self._rule().strip()}, got {value!r}")
+
+    def _rule(self) -> str:
+        if self.lo is None and self.hi is None:
+            return ""
+        return f" [{self.lo}, {self.hi}]"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_PORT = _Key(int, 1024, 65535)
+_PATH = _Key(str, honoured=False)
+_PATHS = _Key(list, honoured=False)
+_BOOL = _Key(bool)
+
+_SERVER: dict[str, _Key] = {
+    "ipAddress": _Key(str),
+    "managementIpAddress": _Key(str),
+    "port": _PORT,
+    "managementPort": _PORT,
+    "metricsPort": _PORT,
+    "allowAllZeroIpListening": _BOOL,
+    "maxLinkNum": _Key(int, 1, 4096),
+    "httpsEnabled": _BOOL,
+    "fullTextEnabled": _BOOL,
+    "tlsCaPath": _Key(str),
+    "tlsCaFile": _Key(list),
+    "tlsCert": _Key(str),
+    "tlsPk": _Key(str),
+    "tlsPkPwd": _Key(str),
+    "tlsCrlPath": _Key(str),
+    "tlsCrlFiles": _Key(list),
+    "managementTlsCaFile": _PATHS, "managementTlsCert": _PATH, "managementTlsPk": _PATH,
+    "managementTlsPkPwd": _PATH, "managementTlsCrlPath": _PATH, "managementTlsCrlFiles": _PATHS,
+    "metricsTlsCaFile": _PATHS, "metricsTlsCert": _PATH, "metricsTlsPk": _PATH,
+    "metricsTlsPkPwd": _PATH, "metricsTlsCrlPath": _PATH, "metricsTlsCrlFiles": _PATHS,
+    "kmcKsfMaster": _PATH, "kmcKsfStandby": _PATH,
+    "inferMode": _Key(str, choices=("standard",)),
+    "interCommTLSEnabled": _Key(bool, honoured=False),
+    "interCommPort": _Key(int, 1024, 65535, honoured=False),
+    "interCommTlsCaPath": _PATH, "interCommTlsCaFiles": _PATHS, "interCommTlsCert": _PATH,
+    "interCommPk": _PATH, "interCommPkPwd": _PATH, "interCommTlsCrlPath": _PATH, "interCommTlsCrlFiles": _PATHS,
+    "openAiSupport": _Key(str),
+    "tokenTimeout": _Key(int, 1, 3600),
+    "e2eTimeout": _Key(int, 1, 65535),
+    "maxRequestLength": _Key(int, 1, 100),
+    "maxJsonDepth": _Key(int, 2, 200),
+    "distDPServerEnabled": _Key(bool, choices=(False,)),
+    "HealthCheckConfig": _Key(dict, honoured=False),
+}
+
+_BACKEND: dict[str, _Key] = {
+    "backendName": _Key(str, choices=("mindieservice_llm_engine",)),
+    "modelInstanceNumber": _Key(int, 1, 1),
+    "npuDeviceIds": _Key(list, honoured=False),
+    "tokenizerProcessNumber": _Key(int, 1, 32, honoured=False),
+    "multiNodesInferEnabled": _Key(bool, choices=(False,)),
+    "multiNodesInferPort": _Key(int, 1024, 65535, honoured=False),
+    "interNodeTLSEnabled": _Key(bool, honoured=False),
+    "interNodeTlsCaPath": _PATH, "interNodeTlsCaFiles": _PATHS, "interNodeTlsCert": _PATH, "interNodeTlsPk": _PATH,
+    "interNodeTlsPkPwd": _PATH, "interNodeTlsCrlPath": _PATH, "interNodeTlsCrlFiles": _PATHS,
+    "interNodeKmcKsfMaster": _PATH, "interNodeKmcKsfStandby": _PATH,
+    "kvPoolConfig": _Key(dict, honoured=False),
+    "ModelDeployConfig": _Key(dict),
+    "ScheduleConfig": _Key(dict),
+}
+
+_DEPLOY: dict[str, _Key] = {
+    "maxSeqLen": _Key(int, 2, _INT_MAX),
+    "maxInputTokenLen": _Key(int, 1, 4194304),
+    "truncation": _Key((int, bool), choices=(-1, 0, 1, True, False)),
+    "ModelConfig": _Key(list),
+    "LoraModules": _Key(list, honoured=False),
+    "maxLoras": _Key(int, honoured=False),
+    "maxLoraRank": _Key(int, honoured=False),
+}
+
+_MODEL: dict[str, _Key] = {
+    "modelInstanceType": _Key(str, choices=("Standard",)),
+    "modelName": _Key(str),
+    "modelWeightPath": _Key(str),
+    "worldSize": _Key(int, 1, 1),
+    "cpuMemSize": _Key(int, 0, _INT_MAX, honoured=False),
+    # On this backend the "device" is the CPU: npuMemSize is the KV-cache budget in GB.
+    "npuMemSize": _Key((int, float), -1, _INT_MAX),
+    "backendType": _Key(str, honoured=False),
+    "trustRemoteCode": _Key(bool, choices=(False,)),
+    "kv_trans_timeout": _Key(int, honoured=False),
+    "kv_link_timeout": _Key(int, honoured=False),
+    "async_scheduler_wait_time": _Key(int, honoured=False),
+    "plugin_params": _Key(str),
+    "models": _Key(dict, honoured=False),
+    "dtype": _Key(str, choices=("bfloat16", "float32")),
+}
+
+_SCHEDULE: dict[str, _Key] = {
+    "templateType": _Key(str, choices=("Standard", "Mix"), honoured=False),
+    "templateName": _Key(str, honoured=False),
+    "cacheBlockSize": _Key(int, 1, 128),
+    "maxPrefillBatchSize": _Key(int, 0, 819200),
+    "maxPrefillTokens": _Key(int, 1, 4194304),
+    "prefillTimeMsPerReq": _Key(int, 0, 1000, honoured=False),
+    "prefillPolicyType": _Key(int, 0, 3, honoured=False),
+    "decodeTimeMsPerReq": _Key(int, 0, 1000, honoured=False),
+    "decodePolicyType": _Key(int, 0, 3, honoured=False),
+    "maxBatchSize": _Key(int, 1, 819200),
+    "maxIterTimes": _Key(int, 1, _INT_MAX),
+    "maxPreemptCount": _Key(int, 0, 819200),
+    "supportSelectBatch": _Key(bool, honoured=False),
+    "maxQueueDelayMicroseconds": _Key(int, 500, 1000000, honoured=False),
+    "maxFirstTokenWaitTime": _Key(int, 0, 3600000, honoured=False),
+    "maxN": _Key(int, 1, 128),
+    "prefillChunkSize": _Key(int, 1, 4194304, honoured=False),
+    "maxNumPartialPrefills": _Key(int, 1, 819200, honoured=False),
+    "longPrefillTokenThreshold": _Key(int, 1, 4194304, honoured=False),
+    "maxLongPartialPrefills": _Key(int, 1, 819200, honoured=False),
+    "enablePrefixCache": _BOOL,
+    "enableSplit": _Key(bool, honoured=False),
+}
+
+_TOP: dict[str, _Key] = {
+    "Version": _Key(str, honoured=False),
+    "ServerConfig": _Key(dict),
+    "BackendConfig": _Key(dict),
+    "LogConfig": _Key(dict, honoured=False),
+    "EnableDynamicAdjustTimeoutConfig": _BOOL,
+}
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
+
+
+def _check_section(path: str, section: Any, keys: dict[str, _Key], ignored: list[str]) -> dict[str, Any]:
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path} must be an object, got {type(section).__name__}")
+    for key, value in section.items():
+        spec = keys.get(key)
+        if spec is None:
+            raise ConfigError(f"unknown config key {path}.{key}; known keys of {path}: {sorted(keys)}")
+        spec.check(f"{path}.{key}", value)
+        if not spec.honoured:
+            ignored.append(f"{path}.{key}")
+    return section
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    cert: str
+    key: str
+    key_password_file: str | None
+    ca_files: tuple[str, ...]  # client certificates are verified against these when present
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the HTTP layer needs, with MindIE's defaults (except httpsEnabled, see from_file)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1025
+    management_host: str = "127.0.0.2"
+    management_port: int = 1026
+    metrics_port: int = 1027
+    allow_all_zero_ip: bool = False
+    max_link_num: int = 1000
+    tls: TLSSettings | None = None
+    full_text: bool = False
+    token_timeout_s: float = 600
+    e2e_timeout_s: float = 600
+    max_request_bytes: int = 40 * 2**20
+    max_json_depth: int = 200
+    api_key: str | None = None
+    model_name: str = "SmolLM2-135M-Instruct"
+    model_path: str | None = None  # None: the embedded default model
+    dtype: str = "bfloat16"
+    truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ignored: tuple[str, ...] = ()  # accepted keys that have no effect here
+
+    def __post_init__(self) -> None:
+        for name, ip in (("ipAddress", self.host), ("managementIpAddress", self.management_host)):
+            try:
+                addr = ipaddress.ip_address(ip)
+            except ValueError as exc:
+                raise ConfigError(f"ServerConfig.{name} must be an IPv4 or IPv6 address, got {ip!r}") from exc
+            if addr.is_unspecified and not self.allow_all_zero_ip:
+                raise ConfigError(
+                    f"ServerConfig.{name} is {ip}, which listens on every interface; set "
+                    "ServerConfig.allowAllZeroIpListening to true to allow it"
+                )
+        if not _MODEL_NAME.fullmatch(self.model_name):
+            raise ConfigError(
+                "ModelConfig.modelName must be 1-256 characters of [A-Za-z0-9._-], not starting or ending "
+                f"with '.', '-' or '_', got {self.model_name!r}"
+            )
+
+    def with_overrides(self, **changes: Any) -> ServerSettings:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_dict(cls, raw: Any, base_dir: str = ".") -> ServerSettings:
+        ignored: list[str] = []
+        top = _check_section("config", raw, _TOP, ignored)
+        server = _check_section("ServerConfig", top.get("ServerConfig", {}), _SERVER, ignored)
+        backend = _check_section("BackendConfig", top.get("BackendConfig", {}), _BACKEND, ignored)
+        deploy = _check_section("ModelDeployConfig", backend.get("ModelDeployConfig", {}), _DEPLOY, ignored)
+        schedule = _check_section("ScheduleConfig", backend.get("ScheduleConfig", {}), _SCHEDULE, ignored)
+        models = deploy.get("ModelConfig", [{}]) or [{}]
+        if len(models) != 1:
+            raise ConfigError(f"ModelDeployConfig.ModelConfig must list exactly 1 model, got {len(models)}")
+        model = _check_section("ModelConfig[0]", models[0], _MODEL, ignored)
+
+        def path(p: str) -> str:
+            return p if os.path.isabs(p) else os.path.normpath(os.path.join(base_dir, p))
+
+        tls = None
+        # MindIE defaults httpsEnabled to true with certificates under security/; here TLS is on
+        # only when it is asked for, so a fresh config serves plain HTTP on 127.0.0.1 at once.
+        if server.get("httpsEnabled", False):
+            missing = [k for k in ("tlsCert", "tlsPk") if not server.get(k)]
+            if missing:
+                raise ConfigError(f"ServerConfig.httpsEnabled is true but {missing} is not set")
+            ca_dir = server.get("tlsCaPath", "")
+            tls = TLSSettings(
+                cert=path(server["tlsCert"]),
+                key=path(server["tlsPk"]),
+                key_password_file=path(server["tlsPkPwd"]) if server.get("tlsPkPwd") else None,
+                ca_files=tuple(path(os.path.join(ca_dir, f)) for f in server.get("tlsCaFile", [])),
+            )
+            for p in (tls.cert, tls.key, *tls.ca_files):
+                if not os.path.isfile(p):
+                    raise ConfigError(f"TLS file {p} does not exist")
+        if "plugin_params" in model:
+            try:
+                plugin = json.loads(model["plugin_params"])
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"ModelConfig[0].plugin_params must be a JSON string: {exc}") from exc
+            kind = plugin.get("plugin_type") if isinstance(plugin, dict) else None
+            if kind not in ("prefix_cache", "splitfuse"):
+                raise ConfigError(
+                    "ModelConfig[0].plugin_params.plugin_type must be 'prefix_cache' or 'splitfuse' (both always on "
+                    f"here), got {kind!r}"
+                )
+        engine_keys: dict[str, Any] = {k: schedule[k] for k in (
+            "cacheBlockSize", "maxPrefillBatchSize", "maxPrefillTokens", "maxBatchSize", "maxIterTimes",
+            "maxPreemptCount", "enablePrefixCache") if k in schedule}
+        engine_keys.update({k: deploy[k] for k in ("maxSeqLen", "maxInputTokenLen") if k in deploy})
+        if model.get("npuMemSize", -1) not in (-1, 0):
+            engine_keys["kvCacheMemGB"] = model["npuMemSize"]
+        try:
+            engine = EngineConfig.from_mindie(engine_keys)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        truncation = deploy.get("truncation", 0)
+        timeouts_max = top.get("EnableDynamicAdjustTimeoutConfig", False)
+        return cls(
+            host=os.environ.get("MIES_CONTAINER_IP") or server.get("ipAddress", "127.0.0.1"),
+            port=server.get("port", 1025),
+            management_host=os.environ.get("MIES_CONTAINER_MANAGEMENT_IP")
+            or server.get("managementIpAddress", "127.0.0.2"),
+            management_port=server.get("managementPort", 1026),
+            metrics_port=server.get("metricsPort", 1027),
+            allow_all_zero_ip=server.get("allowAllZeroIpListening", False),
+            max_link_num=server.get("maxLinkNum", 1000),
+            tls=tls,
+            full_text=server.get("fullTextEnabled", False),
+            token_timeout_s=3600 if timeouts_max else server.get("tokenTimeout", 600),
+            e2e_timeout_s=65535 if timeouts_max else server.get("e2eTimeout", 600),
+            max_request_bytes=server.get("maxRequestLength", 40) * 2**20,
+            max_json_depth=server.get("maxJsonDepth", 200),
+            model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
+            model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
+            dtype=model.get("dtype", "bfloat16"),
+            truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,
+            engine=engine,
+            ignored=tuple(ignored),
+        )
+
+    @classmethod
+    def from_file(cls, path: str) -> ServerSettings:
+        size = os.path.getsize(path)
+        if not 0 < size <= 10 * 2**20:
+            raise ConfigError(f"{path} must be a non-empty file of at most 10 MB, got {size} bytes")
+        with open(path, encoding="utf-8") as f:
+            try:
+                raw = json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(raw, base_dir=os.path.dirname(os.path.abspath(path)))

@@ -1,0 +1,144 @@
+"""Starts the server: loads the model and the engine, then runs one uvicorn listener per plane
+address on a uvloop event loop, and stops cleanly on SIGINT / SIGTERM (refuse new requests with
+503, finish those in flight, then exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import ssl
+import sys
+import threading
+from collections.abc import Iterator
+
+import torch
+import uvicorn
+
+from mindie.engine.async_engine import AsyncEngine
+from mindie.engine.engine import LLMEngine
+from mindie.server.app import build_apps
+from mindie.server.config import ServerSettings
+from mindie.server.metrics import ServerMetrics
+from mindie.server.serving import Serving
+
+DRAIN_LIMIT_S = 600  # longest a shutdown waits for requests in flight
+
+
+class _Listener(uvicorn.Server):
+    """A uvicorn server that leaves signals to the launcher (several listen in one process)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def load(settings: ServerSettings, progress: bool = True) -> Serving:
+    from tqdm import tqdm
+
+    from mindie.model.loader import load_model
+
+    steps = tqdm(total=2, desc="Loading model", unit="step", disable=not progress, dynamic_ncols=True)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
+    loaded = load_model(settings.model_path, dtype)
+    steps.update(1)
+    engine = LLMEngine(loaded, settings.engine)
+    steps.update(1)
+    steps.close()
+    return Serving(settings, AsyncEngine(engine), ServerMetrics(settings.model_name, engine))
+
+
+def _ssl_options(settings: ServerSettings) -> dict[str, object]:
+    tls = settings.tls
+    if tls is None:
+        return {}
+    options: dict[str, object] = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+    if tls.key_password_file:
+        with open(tls.key_password_file, encoding="utf-8") as f:
+            options["ssl_keyfile_password"] = f.read().strip()
+    if tls.ca_files:
+        options["ssl_ca_certs"] = tls.ca_files[0] if len(tls.ca_files) == 1 else _joined_ca(tls.ca_files)
+        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED  # mutual TLS: clients must present a certificate
+    return options
+
+
+def _joined_ca(files: tuple[str, ...]) -> str:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as out:
+        for path in files:
+            with open(path, encoding="utf-8") as f:
+                out.write(f.read() + "\n")
+    return out.name
+
+
+async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None = None) -> None:
+    """Serves until SIGINT / SIGTERM (when run in the main thread) or until `stop` is set."""
+    apps = build_apps(ctx)
+    scheme = "https" if ctx.settings.tls else "http"
+    listeners = [
+        _Listener(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, http="httptools",
+                                 lifespan="off", timeout_keep_alive=60, **_ssl_options(ctx.settings)))
+        for (host, port), app in apps.items()
+    ]
+    loop = asyncio.get_running_loop()
+    stopping = stop or asyncio.Event()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+
+    def on_signal() -> None:
+        if stopping.is_set():  # a second Ctrl-C: stop now
+            for listener in listeners:
+                listener.force_exit = True
+        stopping.set()
+        ctx.draining = True
+
+    if in_main_thread:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+
+    async def drain() -> None:
+        await stopping.wait()
+        ctx.draining = True
+        if announce:
+            print(f"stopping: finishing {len(ctx.in_flight)} request(s) in flight", file=sys.stderr)
+        for _ in range(DRAIN_LIMIT_S * 10):
+            if not ctx.in_flight:
+                break
+            await asyncio.sleep(0.1)
+        for listener in listeners:
+            listener.should_exit = True
+
+    drainer = asyncio.ensure_future(drain())
+    tasks = [asyncio.ensure_future(listener.serve()) for listener in listeners]
+    await asyncio.sleep(0)
+    while not all(listener.started for listener in listeners):
+        if any(t.done() for t in tasks):  # a listener failed to start (port in use): stop everything
+            for listener in listeners:
+                listener.should_exit = True
+            break
+        await asyncio.sleep(0.05)
+    else:
+        if announce:
+            for (host, port), _ in apps.items():
+                planes = [name for name, addr in (("business", (ctx.settings.host, ctx.settings.port)), (
+                    "management", (ctx.settings.management_host, ctx.settings.management_port)), (
+                    "metrics", (ctx.settings.management_host, ctx.settings.metrics_port))) if addr == (host, port)]
+                print(f"{'+'.join(planes)} plane listening on {scheme}://{host}:{port}", file=sys.stderr)
+            print(f"serving {ctx.settings.model_name}; Ctrl-C to stop", file=sys.stderr)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    drainer.cancel()
+    if in_main_thread:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    ctx.engine.shutdown()
+    failed = [t.exception() for t in tasks if t.exception() is not None] or [
+        None for listener in listeners if not listener.started]
+    if failed:
+        raise SystemExit(f"could not start every listener: {failed[0] or 'address in use?'}")
+
+
+def run(settings: ServerSettings) -> None:
+    ctx = load(settings)
+    import uvloop
+
+    uvloop.run(serve(ctx))

@@ -1,0 +1,438 @@
+"""The OpenAI API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{m}]."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from jinja2 import TemplateError
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mindie.engine.request import TokenLogprob
+from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.fields import INT32_MAX, Body, number, parse
+from mindie.server.protocols.common import OPENAI_REASONS, ContentPart, join_parts, json_response, sse, stream_response
+from mindie.server.protocols.vllm import SamplingFields, TokenId
+from mindie.server.serving import Generation, OutputStream, Result, Serving, StreamItem, until_disconnect
+
+MAX_MESSAGES = 4096
+MAX_PROMPTS = 128
+
+
+class FunctionCall(Body):
+    name: Annotated[str, Field(max_length=256)]
+    arguments: str
+
+
+class ToolCall(Body):
+    id: Annotated[str, Field(max_length=256)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(Body):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[ContentPart] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None
+
+
+class FunctionDef(Body):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class OpenAIFields(SamplingFields):
+    model: Annotated[str, Field(min_length=1)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_completion_tokens: number(0, INT32_MAX, lo_open=True, integer=True) | None = None  # type: ignore[valid-type]
+    user: str | None = None
+
+
+class ChatRequest(OpenAIFields):
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    logprobs: bool = False
+    top_logprobs: number(0, 20, integer=True) | None = None  # type: ignore[valid-type]
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template: Annotated[str, Field(max_length=65536)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+
+Prompt = (str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+          | Annotated[list[TokenId], Field(min_length=1)]
+          | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)])
+
+
+class CompletionRequest(OpenAIFields):
+    prompt: Prompt  # type: ignore[valid-type]
+    logprobs: number(0, 5, integer=True) | None = None  # type: ignore[valid-type]
+    echo: bool = False
+    suffix: str | None = None
+
+
+def check_model(ctx: Serving, model: str) -> None:
+    if model != ctx.settings.model_name:
+        raise APIError(404, f"The model `{model}` does not exist; this server serves `{ctx.settings.model_name}`",
+                       "model")
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add_generation_prompt: bool = True,
+                template: str | None = None, kwargs: dict[str, Any] | None = None) -> str:
+    """The conversation through the model's chat template, in Jinja's sandbox."""
+    plain = []
+    for i, m in enumerate(messages):
+        m = m if isinstance(m, Message) else parse_message(m, i)
+        if m.role == "tool" and m.tool_call_id is None:
+            raise APIError(422, f"messages[{i}].tool_call_id is required for a message of role 'tool'",
+                           f"messages[{i}].tool_call_id")
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise APIError(422, f"messages[{i}].content is required (it may be absent only for an assistant "
+                                "message with tool_calls)", f"messages[{i}].content")
+        d: dict[str, Any] = {"role": m.role, "content": join_parts(m.content, f"messages[{i}].content")
+                             if m.content is not None else None}
+        if m.name is not None:
+            d["name"] = m.name
+        if m.tool_calls:
+            d["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        plain.append(d)
+    tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    tok = ctx.tokenizer
+    try:
+        if template is not None:
+            from mindie.tokenizer import _compile_template
+
+            return _compile_template(template).render(messages=plain, tools=tool_dicts,
+                                                      add_generation_prompt=add_generation_prompt, **(kwargs or {}))
+        return tok.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts,
+                                       **(kwargs or {}))
+    except TemplateError as exc:
+        raise APIError(422, f"the chat template failed on these messages: {exc}", "messages") from None
+
+
+def parse_message(raw: Any, i: int) -> Message:
+    from pydantic import ValidationError
+
+    try:
+        return Message.model_validate(raw)
+    except ValidationError as exc:
+        from mindie.server.fields import describe
+
+        msg, param = describe(exc)
+        raise APIError(422, f"messages[{i}].{msg}", f"messages[{i}]") from None
+
+
+def _max_tokens(req: OpenAIFields) -> int | None:
+    return req.max_completion_tokens or req.max_tokens
+
+
+# --- log-probabilities ---------------------------------------------------------------------------
+
+
+def _piece(ctx: Serving, token_id: int) -> str:
+    return ctx.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def chat_logprobs(ctx: Serving, lps: list[TokenLogprob]) -> dict[str, Any]:
+    def entry(t: int, lp: float) -> dict[str, Any]:
+        piece = _piece(ctx, t)
+        return {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in lps]}
+
+
+def completion_logprobs(ctx: Serving, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    tokens, offsets = [], []
+    for lp in lps:
+        offsets.append(offset)
+        piece = _piece(ctx, lp.token_id)
+        tokens.append(piece)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{_piece(ctx, t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+
+
+# --- running one or many engine requests ---------------------------------------------------------
+
+
+def _usage(results: list[Result], prompt_tokens: int) -> dict[str, Any]:
+    completion = sum(r.num_output_tokens for r in results)
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                             "total_tokens": prompt_tokens + completion}
+    cached = sum(r.num_cached_tokens for r in results)
+    if cached:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    usage["batch_size"] = [b for r in results for b in r.batch_sizes]
+    usage["queue_wait_time"] = [q for r in results for q in r.queue_wait_us]
+    return usage
+
+
+async def _merge(streams: list[OutputStream]) -> AsyncIterator[tuple[int, StreamItem]]:
+    """Items of several requests as they come, tagged with the request's position."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, StreamItem | BaseException | None]] = asyncio.Queue()
+
+    async def pump(k: int, s: OutputStream) -> None:
+        try:
+            async for item in s:
+                queue.put_nowait((k, item))
+            queue.put_nowait((k, None))
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            queue.put_nowait((k, exc))
+
+    tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            k, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield k, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()
+
+
+class _Multi:
+    """Closes several streams as one (what stream_response needs)."""
+
+    def __init__(self, streams: list[OutputStream]) -> None:
+        self.streams = streams
+
+    async def aclose(self) -> None:
+        for s in self.streams:
+            await s.aclose()
+
+
+async def _start_all(ctx: Serving, gens: list[Generation]) -> list[OutputStream]:
+    streams: list[OutputStream] = []
+    try:
+        for g in gens:
+            streams.append(await ctx.start(g))
+    except BaseException:
+        for s in streams:
+            await s.aclose()
+        raise
+    return streams
+
+
+async def _collect_all(ctx: Serving, request: Request, streams: list[OutputStream]) -> list[Result]:
+    if len(streams) == 1:
+        return [await ctx.collect(request, streams[0])]
+    results = [Result.empty(s.gen.params.num_samples) for s in streams]
+
+    async def fold() -> list[Result]:
+        async for k, item in _merge(streams):
+            results[k].add(item)
+        return results
+
+    return await until_disconnect(request, fold(), _Multi(streams))  # type: ignore[arg-type]
+
+
+# --- chat ----------------------------------------------------------------------------------------
+
+
+def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
+    check_model(ctx, req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(422, "top_logprobs requires logprobs to be true", "top_logprobs")
+    if req.response_format is not None and req.response_format.type != "text":
+        raise APIError(422, f"response_format.type {req.response_format.type!r} is not supported yet; "
+                            "only 'text' is", "response_format.type")
+    if isinstance(req.tool_choice, dict) or req.tool_choice == "required":
+        raise APIError(422, "tool_choice 'required' or a named function is not supported yet; use 'auto' or 'none'",
+                       "tool_choice")
+    kwargs = dict(req.chat_template_kwargs or {})
+    prompt = render_chat(ctx, req.messages, req.tools if req.tool_choice != "none" else None,
+                         req.add_generation_prompt, req.chat_template, kwargs)
+    ctx.check_text(prompt, "messages")
+    ids = ctx.fit_prompt(ctx.tokenizer.encode(prompt, add_special_tokens=False), "messages")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=_max_tokens(req), stream=req.stream)
+    return Generation(ids, params, stream=req.stream, prompt_text=prompt)
+
+
+async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
+    req = parse(ChatRequest, body)
+    gen = _chat_generation(ctx, req)
+    stream = await ctx.start(gen)
+    created = int(time.time())
+    head = {"id": stream.request_id, "object": "chat.completion", "created": created, "model": req.model}
+    if not req.stream:
+        result = await ctx.collect(request, stream)
+        choices = []
+        for s in result.best(gen.params.n):
+            choice: dict[str, Any] = {"index": s.index, "message": {"role": "assistant", "content": s.text,
+                                                                    "tool_calls": []},
+                                      "logprobs": chat_logprobs(ctx, s.logprobs) if req.logprobs else None,
+                                      "finish_reason": OPENAI_REASONS[s.finish_reason]}
+            choices.append(choice)
+        return json_response({**head, "choices": choices, "usage": _usage([result], len(gen.prompt_ids))})
+
+    head["object"] = "chat.completion.chunk"
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def events():  # type: ignore[no-untyped-def]
+        result = Result.empty(gen.params.num_samples)
+        for i in range(gen.params.n):
+            yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+        async for item in stream:
+            result.add(item)
+            out = item.output
+            if not out.new_text and out.finish_reason is None:
+                continue  # nothing to say yet (a character still incomplete, or a stop string pending)
+            choice: dict[str, Any] = {"index": out.index, "delta": {"content": out.new_text},
+                                      "logprobs": chat_logprobs(ctx, out.new_logprobs) if req.logprobs else None,
+                                      "finish_reason": OPENAI_REASONS[out.finish_reason] if out.finish_reason else None}
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if out.request_done and not include_usage:
+                chunk["usage"] = _usage([result], len(gen.prompt_ids))
+            if out.finish_reason is not None and ctx.settings.full_text:
+                chunk["full_text"] = result.samples[out.index].text
+            yield sse(chunk)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": _usage([result], len(gen.prompt_ids))})
+        yield b"data: [DONE]\n\n"
+
+    return stream_response(stream, events, lambda e: sse(e.body(ErrorStyle.OPENAI)))
+
+
+# --- completions ---------------------------------------------------------------------------------
+
+
+def _prompts(ctx: Serving, prompt: Any) -> list[tuple[str | None, list[int]]]:
+    if isinstance(prompt, str):
+        return [(prompt, ctx.encode(prompt, "prompt"))]
+    if prompt and isinstance(prompt[0], str):
+        return [(p, ctx.encode(p, f"prompt[{i}]")) for i, p in enumerate(prompt)]
+    if prompt and isinstance(prompt[0], int):
+        return [(None, ctx.check_token_ids(list(prompt), "prompt"))]
+    return [(None, ctx.check_token_ids(list(p), f"prompt[{i}]")) for i, p in enumerate(prompt)]
+
+
+async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
+    req = parse(CompletionRequest, body)
+    check_model(ctx, req.model)
+    if req.echo and req.logprobs is not None:
+        raise APIError(422, "echo together with logprobs (prompt log-probabilities) is not supported yet", "echo")
+    if req.suffix:
+        raise APIError(422, "suffix is not supported by this model", "suffix")
+    params = req.sampling_params(ctx, logprobs=req.logprobs, max_tokens=_max_tokens(req), stream=req.stream)
+    prompts = _prompts(ctx, req.prompt)
+    if len(prompts) * params.num_samples > ctx.max_n:
+        raise APIError(422, f"prompts x best_of must be at most {ctx.max_n}, got {len(prompts)} x "
+                            f"{params.num_samples}", "prompt")
+    gens = [Generation(ids, params, stream=req.stream, prompt_text=text) for text, ids in prompts]
+    streams = await _start_all(ctx, gens)
+    created = int(time.time())
+    head = {"id": streams[0].request_id, "object": "text_completion", "created": created, "model": req.model}
+    n = params.n
+    prompt_tokens = sum(len(g.prompt_ids) for g in gens)
+
+    def echo_text(k: int) -> str:
+        text = prompts[k][0]
+        return (text if text is not None else ctx.tokenizer.decode(prompts[k][1])) if req.echo else ""
+
+    if not req.stream:
+        results = await _collect_all(ctx, request, streams)
+        choices = []
+        for k, result in enumerate(results):
+            for s in result.best(n):
+                prefix = echo_text(k)
+                choices.append({"index": k * n + s.index, "text": prefix + s.text,
+                                "logprobs": completion_logprobs(ctx, s.logprobs, len(prefix))
+                                if req.logprobs is not None else None,
+                                "stop_reason": None, "finish_reason": OPENAI_REASONS[s.finish_reason]})
+        return json_response({**head, "choices": choices, "usage": _usage(results, prompt_tokens)})
+
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    async def events():  # type: ignore[no-untyped-def]
+        results = [Result.empty(params.num_samples) for _ in streams]
+        offsets = {}
+        if req.echo:
+            for k in range(len(streams)):
+                for i in range(n):
+                    offsets[(k, i)] = len(echo_text(k))
+                    yield sse({**head, "choices": [{"index": k * n + i, "text": echo_text(k), "logprobs": None,
+                                                    "stop_reason": None, "finish_reason": None}]})
+        done = 0
+        async for k, item in _merge(streams):
+            results[k].add(item)
+            out = item.output
+            if not out.new_text and out.finish_reason is None:
+                continue
+            offset = offsets.get((k, out.index), 0)
+            offsets[(k, out.index)] = offset + len(out.new_text)
+            chunk: dict[str, Any] = {**head, "choices": [{
+                "index": k * n + out.index, "text": out.new_text,
+                "logprobs": completion_logprobs(ctx, out.new_logprobs, offset) if req.logprobs is not None else None,
+                "stop_reason": None,
+                "finish_reason": OPENAI_REASONS[out.finish_reason] if out.finish_reason else None}]}
+            done += out.request_done
+            if done == len(streams) and out.request_done and not include_usage:
+                chunk["usage"] = _usage(results, prompt_tokens)
+            yield sse(chunk)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": _usage(results, prompt_tokens)})
+        yield b"data: [DONE]\n\n"
+
+    return stream_response(_Multi(streams), events, lambda e: sse(e.body(ErrorStyle.OPENAI)))  # type: ignore[arg-type]
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def _model_card(ctx: Serving) -> dict[str, Any]:
+    return {"id": ctx.settings.model_name, "object": "model", "created": ctx.created, "owned_by": "MindIE Server",
+            "root": ctx.settings.model_name, "parent": None, "max_model_len": ctx.settings.engine.max_seq_len}
+
+
+async def list_models(ctx: Serving, request: Request) -> Response:
+    return json_response({"object": "list", "data": [_model_card(ctx)]})
+
+
+async def get_model(ctx: Serving, request: Request) -> Response:
+    model = request.path_params["model"]
+    if model != ctx.settings.model_name:
+        raise APIError(404, f"Model {model} not found.", "model")
+    return json_response(_model_card(ctx))
+

@@ -1,0 +1,201 @@
+"""The Triton-compatible API: /v2/models/{m}/generate, /generate_stream (text) and /infer
+(token tensors), /v2/models/{m}/stopInfer, and the model-metadata routes."""
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mindie import __version__
+from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.fields import INT32_MAX, Body, number, parse
+from mindie.server.protocols.common import (
+    MINDIE_REASONS,
+    ContentPart,
+    join_parts,
+    json_response,
+    sse,
+    stream_response,
+)
+from mindie.server.protocols.native import (
+    MaxNewTokens,
+    Penalty,
+    Priority,
+    Seed,
+    Temperature,
+    Timeout,
+    TokenId,
+    TypicalP,
+    sampling_params,
+)
+from mindie.server.serving import Generation, Result, Serving
+
+RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,256}$")]
+
+
+class TritonParameters(Body):
+    details: bool = False
+    do_sample: bool | None = None
+    max_new_tokens: MaxNewTokens = 20
+    repetition_penalty: Penalty = 1.0
+    seed: Seed | None = None
+    temperature: Temperature | None = None
+    top_k: number(0, INT32_MAX, integer=True) | None = None  # type: ignore[valid-type]
+    top_p: number(1e-6, 1, lo_open=True) | None = None  # type: ignore[valid-type]
+    batch_size: number(0, INT32_MAX, lo_open=True, integer=True) | None = None  # type: ignore[valid-type]
+    typical_p: TypicalP | None = None  # accepted, not applied
+    watermark: bool = False  # accepted, not applied
+    perf_stat: bool = False  # accepted, removed in MindIE's code
+    priority: Priority = 5
+    timeout: Timeout = 600
+
+
+class TritonTextRequest(Body):
+    id: RequestId | None = None
+    text_input: str | list[ContentPart]
+    parameters: TritonParameters = TritonParameters()
+
+
+class TensorIn(Body):
+    name: Annotated[str, Field(max_length=256)]
+    shape: Annotated[list[number(1, 4 * 2**20, integer=True)], Field(min_length=1, max_length=2)]  # type: ignore[valid-type]
+    datatype: Literal["UINT32"]
+    data: Annotated[list[TokenId], Field(max_length=4 * 2**20)]
+
+
+class TensorOut(Body):
+    name: Annotated[str, Field(max_length=256)] = "output0"
+
+
+class TritonTokenRequest(Body):
+    id: RequestId | None = None
+    inputs: Annotated[list[TensorIn], Field(min_length=1, max_length=1)]
+    outputs: Annotated[list[TensorOut], Field(max_length=1)] = [TensorOut()]
+    parameters: TritonParameters = TritonParameters()
+
+
+class StopRequest(Body):
+    id: RequestId
+
+
+def check_model(ctx: Serving, model: str) -> None:
+    if model != ctx.settings.model_name:
+        raise APIError(404, f"Model {model} not found.", "model")
+
+
+def _details(result: Result) -> dict[str, Any]:
+    s = result.samples[0]
+    return {"finish_reason": MINDIE_REASONS[s.finish_reason], "generated_tokens": len(s.token_ids),
+            "first_token_cost": round(result.prefill_ms, 2) if result.prefill_ms is not None else None,
+            "decode_cost": [round(d, 2) for d in result.decode_ms],
+            "batch_size": result.batch_sizes, "queue_wait_time": result.queue_wait_us}
+
+
+async def _text(ctx: Serving, request: Request, body: bytes, stream: bool) -> Response:
+    model = request.path_params["model"]
+    check_model(ctx, model)
+    req = parse(TritonTextRequest, body)
+    p = req.parameters
+    text = join_parts(req.text_input, "text_input")
+    gen = Generation(ctx.encode(text, "text_input"), sampling_params(p, p.max_new_tokens), priority=p.priority,
+                     timeout_s=p.timeout, stream=stream, user_id=req.id, prompt_text=text)
+    out_stream = await ctx.start(gen)
+    rid = req.id or out_stream.request_id
+    if not stream:
+        result = await ctx.collect(request, out_stream)
+        body_out: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
+                                    "text_output": result.samples[0].text}
+        if p.details:
+            body_out["details"] = _details(result)
+        return json_response(body_out)
+
+    async def events():  # type: ignore[no-untyped-def]
+        result = Result.empty(1)
+        async for item in out_stream:
+            result.add(item)
+            out = item.output
+            event: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
+                                     "text_output": result.samples[0].text if ctx.settings.full_text else out.new_text}
+            if p.details:
+                details: dict[str, Any] = {"batch_size": out.batch_size,
+                                           "queue_wait_time": round(out.queue_wait_s * 1e6)}
+                if out.finish_reason is not None:
+                    details = {"finish_reason": MINDIE_REASONS[out.finish_reason],
+                               "generated_tokens": out.num_output_tokens, **details}
+                event["details"] = details
+                if item.prefill_ms is not None:
+                    event["prefill_time"] = round(item.prefill_ms, 2)
+                elif item.decode_ms is not None:
+                    event["decode_time"] = round(item.decode_ms, 2)
+            elif out.finish_reason is not None:
+                event["details"] = {"finish_reason": MINDIE_REASONS[out.finish_reason],
+                                    "generated_tokens": out.num_output_tokens}
+            yield sse(event, space=False)
+
+    return stream_response(out_stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE), space=False))
+
+
+async def generate(ctx: Serving, request: Request, body: bytes) -> Response:
+    return await _text(ctx, request, body, stream=False)
+
+
+async def generate_stream(ctx: Serving, request: Request, body: bytes) -> Response:
+    return await _text(ctx, request, body, stream=True)
+
+
+async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
+    check_model(ctx, request.path_params["model"])
+    req = parse(TritonTokenRequest, body)
+    tensor = req.inputs[0]
+    count = 1
+    for dim in tensor.shape:
+        count *= dim
+    if (len(tensor.shape) == 2 and tensor.shape[0] != 1) or count != len(tensor.data):
+        raise APIError(422, f"inputs[0].shape {tensor.shape} must be [n] or [1, n] with n = len(inputs[0].data) = "
+                            f"{len(tensor.data)}", "inputs[0].shape")
+    p = req.parameters
+    ids = ctx.check_token_ids(list(tensor.data), "inputs[0].data")
+    gen = Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout,
+                     user_id=req.id)
+    out_stream = await ctx.start(gen)
+    result = await ctx.collect(request, out_stream)
+    data = result.samples[0].token_ids
+    name = req.outputs[0].name if req.outputs else "output0"
+    return json_response({"id": req.id or out_stream.request_id,
+                          "outputs": [{"name": name, "shape": [1, len(data)], "datatype": "UINT32", "data": data}]})
+
+
+async def stop_infer(ctx: Serving, request: Request, body: bytes) -> Response:
+    check_model(ctx, request.path_params["model"])
+    req = parse(StopRequest, body)
+    if not ctx.stop(req.id):
+        raise APIError(404, f"RequestId is {req.id} not found.", "id")
+    return json_response({"id": req.id})
+
+
+async def server_metadata(ctx: Serving, request: Request) -> Response:
+    e = ctx.settings.engine
+    return json_response({"name": "MindIE Server", "version": __version__, "extensions": {
+        "max_iter_times": e.max_iter_times, "prefill_policy_type": 0, "decode_policy_type": 0,
+        "max_prefill_batch_size": e.max_prefill_batch_size or e.max_batch_size,
+        "max_prefill_tokens": e.max_prefill_tokens}})
+
+
+async def model_metadata(ctx: Serving, request: Request) -> Response:
+    model = request.path_params["model"]
+    check_model(ctx, model)
+    return json_response({"name": model, "platform": "MindIE Server",
+                          "inputs": [{"name": "input0", "shape": [-1], "datatype": "UINT32"}],
+                          "outputs": [{"name": "output0", "shape": [-1], "datatype": "UINT32"}]})
+
+
+async def model_config(ctx: Serving, request: Request) -> Response:
+    model = request.path_params["model"]
+    check_model(ctx, model)
+    return json_response({
+        "model_name": model, "input_datatype": "UINT32", "output_datatype": "UINT32",
+        "max_seq_len": ctx.settings.engine.max_seq_len, "npu_mem_size": -1, "cpu_mem_size": 0, "world_size": 1,
+        "model_weight_path": os.path.basename(ctx.settings.model_path or "SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "model_instance_type": "Standard"})
