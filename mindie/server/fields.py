@@ -107,7 +107,9 @@ def _short(value: Any) -> str:
 
 def describe(error: ValidationError) -> tuple[str, str | None]:
     """One message for the first problem, and the field it is about."""
-    err = error.errors(include_url=False)[0]
+    errors = error.errors(include_url=False)
+    # Of a union's failed branches, the one that got deepest is the one the client meant.
+    err = max(errors, key=lambda e: len(e["loc"]))
     field = _loc(tuple(err["loc"]))
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "json_invalid":

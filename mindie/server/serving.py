@@ -202,6 +202,8 @@ class Serving:
         return self.settings.engine.max_input_len
 
     def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
+        if not text:
+            raise APIError(422, f"{field_name} must be a non-empty string", field_name)
         self.check_text(text, field_name)
         return self.fit_prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), field_name)
 

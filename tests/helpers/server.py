@@ -1,0 +1,69 @@
+"""A real server (uvicorn on uvloop, the real engine) on free local ports, in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from dataclasses import replace
+
+import uvloop
+
+from mindie.config import EngineConfig
+from mindie.server.config import ServerSettings
+from mindie.server.launcher import load, serve
+from mindie.server.serving import Serving
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def local_settings(model_path: str | None, **changes: object) -> ServerSettings:
+    """Settings for a test server: every plane on 127.0.0.1, on its own free port."""
+    base = ServerSettings(host="127.0.0.1", port=free_port(), management_host="127.0.0.1",
+                          management_port=free_port(), metrics_port=free_port(), model_path=model_path,
+                          engine=EngineConfig(num_kv_blocks=64, block_size=16, max_seq_len=512, max_input_token_len=400,
+                                              max_iter_times=256))
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+class RunningServer:
+    def __init__(self, settings: ServerSettings, ctx: Serving | None = None) -> None:
+        self.settings = settings
+        self.ctx = ctx or load(settings, progress=False)
+        self._loop = uvloop.new_event_loop()
+        self._stop = asyncio.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._wait_ready()
+        scheme = "https" if settings.tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{settings.port}"
+        self.management_url = f"{scheme}://127.0.0.1:{settings.management_port}"
+        self.metrics_url = f"{scheme}://127.0.0.1:{settings.metrics_port}"
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_until_complete(serve(self.ctx, announce=False, stop=self._stop))
+        except BaseException as exc:  # surfaced by _wait_ready / close
+            self._error = exc
+
+    def _wait_ready(self) -> None:
+        import time
+
+        for _ in range(400):
+            if self._error is not None:
+                raise self._error
+            try:
+                with socket.create_connection(("127.0.0.1", self.settings.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.025)
+        raise TimeoutError("the test server did not start")
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=30)
