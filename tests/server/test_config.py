@@ -1,0 +1,57 @@
+"""MindIE config.json: known keys with ranges, start-up refused with a message naming the key."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mindie.cli import _parser, settings_from_args
+from mindie.server.config import ConfigError, ServerSettings
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "config.json")
+
+
+def test_example_config_loads_with_mindie_defaults():
+    s = ServerSettings.from_file(EXAMPLE)
+    assert (s.host, s.port, s.management_host, s.management_port, s.metrics_port) == (
+        "127.0.0.1", 1025, "127.0.0.2", 1026, 1027)
+    assert s.tls is None and s.model_path is None and s.model_name == "SmolLM2-135M-Instruct"
+    assert s.engine.block_size == 128 and s.engine.max_seq_len == 2560 and s.engine.kv_cache_mem_gb == 2
+    assert "BackendConfig.npuDeviceIds" in s.ignored
+
+
+def _with(**server):
+    raw = json.load(open(EXAMPLE))
+    raw["ServerConfig"].update(server)
+    return raw
+
+
+@pytest.mark.parametrize("raw, words", [
+    (_with(port=80), ["ServerConfig.port", "[1024, 65535]"]),
+    (_with(maxLinkNum=0), ["ServerConfig.maxLinkNum", "[1, 4096]"]),
+    (_with(tokenTimeout="600"), ["ServerConfig.tokenTimeout", "int"]),
+    (_with(colour="blue"), ["unknown config key ServerConfig.colour"]),
+    (_with(ipAddress="0.0.0.0"), ["allowAllZeroIpListening"]),
+    (_with(ipAddress="localhost"), ["ServerConfig.ipAddress", "IPv4"]),
+    (_with(httpsEnabled=True, tlsCert="missing.pem", tlsPk="missing.key"), ["does not exist"]),
+    ({"BackendConfig": {"ScheduleConfig": {"cacheBlockSize": 256}}}, ["ScheduleConfig.cacheBlockSize", "[1, 128]"]),
+    ({"BackendConfig": {"ScheduleConfig": {"maxIterTimes": 5000}}}, ["maxIterTimes", "maxSeqLen"]),
+    ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"modelName": "-bad"}]}}}, ["modelName"]),
+    ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{}, {}]}}}, ["exactly 1 model"]),
+])
+def test_bad_config_names_the_key_and_range(raw, words):
+    with pytest.raises(ConfigError) as err:
+        ServerSettings.from_dict(raw)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_zero_address_allowed_when_configured():
+    s = ServerSettings.from_dict(_with(ipAddress="0.0.0.0", allowAllZeroIpListening=True))
+    assert s.host == "0.0.0.0"
+
+
+def test_cli_flags_override_the_config(tmp_path):
+    args = _parser().parse_args(["serve", "model.gguf", "--config", EXAMPLE, "--port", "2025", "--api-key", "k"])
+    s = settings_from_args(args)
+    assert (s.port, s.api_key, s.model_path, s.management_port) == (2025, "k", "model.gguf", 1026)
