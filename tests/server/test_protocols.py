@@ -209,3 +209,10 @@ def test_request_id_is_echoed(tiny_server):
     r = httpx.get(tiny_server.url + "/v1/models", headers={"X-Request-Id": "abc123"})
     assert r.headers["x-request-id"] == "abc123"
     assert httpx.get(tiny_server.url + "/v1/models").headers["x-request-id"]
+
+
+def test_cors_preflight_is_answered(tiny_server):
+    r = httpx.options(tiny_server.url + "/v1/chat/completions", headers={
+        "Origin": "http://example.com", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,authorization"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", "http://example.com")

@@ -1,0 +1,136 @@
+"""Serving throughput over HTTP against the offline engine, on the embedded SmolLM2 (bf16).
+
+    python benchmarks/http_serving.py [--requests 32] [--prompt-tokens 256] [--output-tokens 128]
+
+Runs the offline engine on the workload first (the reference), then starts `mindie serve` in a
+subprocess and drives /v1/completions with 1 and N concurrent streaming clients (random token-id
+prompts, ignore_eos). Prints output tokens/s, time to first token and inter-token latency
+p50/p99, the HTTP/offline throughput ratio, and /health latency measured while saturated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import torch
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(100, vocab, (length,), generator=gen).tolist() for _ in range(n)]
+
+
+def offline(ids: list[list[int]], output_tokens: int) -> float:
+    from mindie import LLM, SamplingParams
+
+    llm = LLM(enablePrefixCache=False)
+    params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0)
+    llm.generate({"prompt_token_ids": ids[0][:32]}, SamplingParams(max_tokens=4), use_tqdm=False)
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in ids], params, use_tqdm=False)
+    return len(ids) * output_tokens / (time.perf_counter() - t0)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int], n_out: int) -> tuple[float, list[float], int]:
+    body = {"model": MODEL, "prompt": ids, "max_tokens": n_out, "ignore_eos": True, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    ttft, gaps, last, tokens = None, [], None, 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            if not json.loads(line[6:])["choices"][0]["text"]:
+                continue
+            tokens += 1
+            if ttft is None:
+                ttft = now - t0
+            else:
+                gaps.append(now - last)
+            last = now
+    return ttft or float("nan"), gaps, tokens
+
+
+async def health_probe(url: str, stop: asyncio.Event, out: list[float]) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await client.get(url + "/health")
+            out.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.05)
+
+
+async def drive(url: str, mgmt: str, ids: list[list[int]], n_out: int) -> dict[str, float]:
+    stop, health = asyncio.Event(), []
+    probe = asyncio.ensure_future(health_probe(mgmt, stop, health))
+    limits = httpx.Limits(max_connections=len(ids) + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one_stream(client, url, p, n_out) for p in ids))
+        wall = time.perf_counter() - t0
+    stop.set()
+    await probe
+    ttfts = [r[0] for r in results]
+    gaps = [g for r in results for g in r[1]]
+    total = sum(r[2] for r in results)
+    return {"tok_s": total / wall, "ttft50": pct(ttfts, 0.5), "ttft99": pct(ttfts, 0.99), "itl50": pct(gaps, 0.5),
+            "itl99": pct(gaps, 0.99), "health99": pct(health, 0.99), "health_n": len(health)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--output-tokens", type=int, default=128)
+    args = ap.parse_args()
+    ids = prompts(args.requests, args.prompt_tokens, 49152)
+    ref = offline(ids, args.output_tokens)
+    print(f"offline engine, {args.requests} requests x {args.prompt_tokens}+{args.output_tokens}: "
+          f"{ref:.1f} output tok/s")
+    port, mport = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mindie", "serve", "--host", "127.0.0.1", "--port", str(port),
+                               "--management-host", "127.0.0.1", "--management-port", str(mport), "--metrics-port",
+                               str(free_port())], stderr=subprocess.DEVNULL, env={**os.environ})
+    url, mgmt = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
+    try:
+        for _ in range(1200):
+            try:
+                if httpx.get(mgmt + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        asyncio.run(drive(url, mgmt, ids[:1], 8))  # warm-up
+        for n in (1, args.requests):
+            r = asyncio.run(drive(url, mgmt, ids[:n], args.output_tokens))
+            print(f"HTTP {n:2d} streams: {r['tok_s']:6.1f} output tok/s  TTFT p50 {r['ttft50'] * 1e3:7.1f} ms "
+                  f"p99 {r['ttft99'] * 1e3:7.1f} ms  ITL p50 {r['itl50'] * 1e3:6.1f} ms p99 {r['itl99'] * 1e3:6.1f} ms"
+                  f"  /health p99 {r['health99'] * 1e3:5.1f} ms ({r['health_n']} probes)")
+        print(f"HTTP/offline at {args.requests} streams: {r['tok_s'] / ref:.1%}")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
