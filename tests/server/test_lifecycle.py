@@ -212,3 +212,23 @@ def test_stop_service_drains_then_refuses(tiny_llama_dir, monkeypatch):
         assert signals == [signal.SIGTERM]
     finally:
         server.close()
+
+
+def test_timeout_mid_stream_ends_with_an_error_event(slow_server):
+    body = {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": 4000, "timeout": 1}}
+    r = httpx.post(slow_server.url + "/infer", json=body, timeout=30)
+    events = [json.loads(e[len("data: "):]) for e in r.text.strip().split("\n\n")]
+    assert len(events) > 1 and "token" in events[0]
+    assert events[-1] == {"error": "Engine callback timeout: client timeout", "error_type": "Incomplete Generation"}
+    wait_idle(slow_server)
+
+
+def test_full_text_mode_streams_cumulative_text(long_tiny_dir):
+    server = RunningServer(local_settings(str(long_tiny_dir), dtype="float32", model_name="tiny", full_text=True))
+    try:
+        body = {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": 6, "do_sample": False}}
+        r = httpx.post(server.url + "/infer", json=body, timeout=30)
+        texts = [json.loads(e[len("data: "):])["token"]["text"] for e in r.text.strip().split("\n\n")][:-1]
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    finally:
+        server.close()
