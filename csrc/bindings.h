@@ -11,5 +11,6 @@ void bind_sampling(py::module_& m);
 void bind_beam(py::module_& m);
 void bind_layers(py::module_& m);
 void bind_linear(py::module_& m);
+void bind_token_mask(py::module_& m);
 
 }  // namespace mindie::host

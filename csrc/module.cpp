@@ -10,13 +10,14 @@
 namespace kc = mindie::kernels::cpu;
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "mindie CPU kernels: paged attention, KV-cache writes, sampling, beam search, layers";
+  m.doc() = "mindie CPU kernels: paged attention, KV-cache writes, sampling, beam search, layers, token masks";
   mindie::host::bind_cache(m);
   mindie::host::bind_attention(m);
   mindie::host::bind_sampling(m);
   mindie::host::bind_beam(m);
   mindie::host::bind_layers(m);
   mindie::host::bind_linear(m);
+  mindie::host::bind_token_mask(m);
 
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw pybind11::value_error("num_threads must be >= 1");

@@ -86,3 +86,6 @@ def beam_search_step(
     fin_slots: Tensor,
     fin_count: Tensor,
 ) -> None: ...
+
+# --- constrained decoding ---
+def apply_token_bitmask(logits: Tensor, bitmask: Tensor, mask_index: Tensor) -> None: ...

@@ -25,6 +25,7 @@ __all__ = [
     "BeamSearchState",
     "BeamStepOutput",
     "beam_search_step",
+    "apply_token_bitmask",
 ]
 
 
@@ -307,3 +308,21 @@ def beam_search_step(
     )
     out.done.copy_(state.done)
     return out
+
+
+# --- constrained decoding -------------------------------------------------------------------
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, mask_index: torch.Tensor | None = None
+) -> None:
+    """Set to -inf, in place, the logits [rows, vocab] (float32) of the tokens a grammar forbids.
+
+    ``bitmask`` int32 [num_masks, words] in llguidance's layout: bit ``j`` of word ``w`` allows
+    token ``32 * w + j``. Row ``r`` uses mask ``mask_index[r]`` (int32 [rows]); -1 leaves the row
+    untouched (an unconstrained request in the same batch). None: row ``r`` uses mask ``r``.
+    Tokens at or beyond ``32 * words`` are forbidden; mask bits at or beyond ``vocab`` are ignored.
+    """
+    if mask_index is None:
+        mask_index = torch.arange(logits.shape[0], dtype=torch.int32)
+    _C.apply_token_bitmask(logits, bitmask, mask_index)

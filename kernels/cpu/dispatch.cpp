@@ -10,6 +10,7 @@
 #include "cpu/linear.h"
 #include "cpu/paged_attention.h"
 #include "cpu/sampling.h"
+#include "cpu/token_mask.h"
 
 #ifndef MINDIE_HAVE_AVX2
 #define MINDIE_HAVE_AVX2 0
@@ -26,7 +27,8 @@ namespace mindie::kernels::cpu {
   MINDIE_SAMPLING_KERNELS(X)   \
   MINDIE_BEAM_SEARCH_KERNELS(X) \
   MINDIE_LAYER_KERNELS(X)       \
-  MINDIE_LINEAR_KERNELS(X)
+  MINDIE_LINEAR_KERNELS(X)       \
+  MINDIE_TOKEN_MASK_KERNELS(X)
 
 #define MINDIE_DECLARE(name, Args) void name(const Args&);
 namespace isa_scalar { MINDIE_ALL_KERNELS(MINDIE_DECLARE) }

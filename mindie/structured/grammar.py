@@ -1,0 +1,205 @@
+"""JSON-schema constraints compiled by llguidance into per-request token matchers.
+
+Life of a constraint: the server compiles the request's schema while it parses the body, so a
+schema llguidance rejects is a :class:`GrammarError` (a 400) and never reaches the engine; the
+engine gives the request a :class:`GrammarMatcher` (a copy of the compiled grammar, microseconds);
+each step the sampler fills one bitmask row per constrained request (:meth:`GrammarCompiler.
+fill_bitmasks`), masks the logits with ``ops.apply_token_bitmask`` (free rows share the batch with
+mask index -1), samples, and calls :meth:`GrammarMatcher.advance` with the sampled token.
+
+JSON comes out on one line with ", " and ": " separators and no other whitespace: the form models
+saw most in training, and free whitespace lets a constrained model loop on newlines forever.
+EOS is allowed only once the value is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import llguidance
+import torch
+
+from mindie.tokenizer import Tokenizer
+
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A schema (or tool list) that cannot be compiled; the message names the problem."""
+
+
+class GrammarMatcher:
+    """One request's position in its grammar. Not thread-safe; owned by the engine thread."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int) -> None:
+        self._matcher = matcher
+        self._words = bitmask_words
+
+    def fill_bitmask(self, out_row: torch.Tensor) -> None:
+        """Write the allowed next tokens into ``out_row`` (int32 [bitmask_words], contiguous):
+        bit ``j`` of word ``w`` set = token ``32 * w + j`` allowed. Once the value is complete only
+        the EOS tokens are allowed; after an error, only EOS too."""
+        # Written through a raw pointer: a wrong buffer must be an exception, not a crash.
+        if out_row.dtype != torch.int32 or out_row.device.type != "cpu" or out_row.shape != (self._words,):
+            got = f"{out_row.dtype} {list(out_row.shape)} on {out_row.device}"
+            raise ValueError(f"out_row: expected int32 [{self._words}] on the CPU, got {got}")
+        if not out_row.is_contiguous():
+            raise ValueError("out_row: must be contiguous")
+        self._matcher.unsafe_compute_mask_ptr(out_row.data_ptr(), 4 * self._words)
+
+    def advance(self, token_id: int) -> bool:
+        """Consume the sampled token. False if the grammar forbids it: the matcher is then in its
+        error state for good (see :attr:`error`) and the request should finish."""
+        return self._matcher.consume_token(token_id)
+
+    def accepts_eos(self) -> bool:
+        """The text so far is a complete value: EOS is allowed now."""
+        return self._matcher.is_accepting()
+
+    def is_finished(self) -> bool:
+        """Nothing but EOS can follow (the value is closed, or the matcher failed)."""
+        return self._matcher.is_stopped()
+
+    @property
+    def error(self) -> str | None:
+        return self._matcher.get_error() if self._matcher.is_error() else None
+
+
+class Grammar:
+    """A compiled constraint: a pristine llguidance matcher that is only ever copied."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int) -> None:
+        self._matcher = matcher
+        self._words = bitmask_words
+
+    def matcher(self) -> GrammarMatcher:
+        return GrammarMatcher(self._matcher.deep_copy(), self._words)
+
+
+class GrammarCompiler:
+    """Compiles JSON schemas for one tokenizer, caching up to ``cache_size`` grammars (LRU).
+
+    The cache key is the schema's compact JSON with its key order kept: llguidance emits object
+    properties in declaration order, so two orders are two grammars. Thread-safe: the server
+    compiles while the engine thread makes matchers. ``num_threads``: llguidance's threads for
+    :meth:`fill_bitmasks` (None: its default, 80% of the cores up to 32).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, cache_size: int = 128, num_threads: int | None = None) -> None:
+        if cache_size < 1:
+            raise ValueError(f"cache_size must be >= 1, got {cache_size}")
+        self._tokenizer = llguidance.LLTokenizer(
+            tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids) or None
+        )
+        self.vocab_size = self._tokenizer.vocab_size
+        # Logits wider than this (a padded lm_head) are forbidden by the mask kernel past the end.
+        self.bitmask_words = (self.vocab_size + 31) // 32
+        self.cache_size = cache_size
+        # Short error messages: verbose ones quote parser state and the schema back to the client.
+        self._limits = llguidance.LLParserLimits(verbose_errors=False)
+        self._executor = llguidance.LLExecutor(num_threads)
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    # --- what the server compiles ------------------------------------------------------------
+
+    def json_schema(self, schema: Mapping[str, Any]) -> Grammar:
+        """Output must be JSON valid under ``schema`` (response_format json_schema)."""
+        if not isinstance(schema, Mapping):
+            raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        try:
+            key = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise GrammarError(f"the schema is not JSON: {e}") from None
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
+        grammar = self._compile(key)  # outside the lock: compiling can take a while
+        with self._lock:
+            self._cache[key] = grammar
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def json_object(self) -> Grammar:
+        """Output must be some JSON object (response_format json_object)."""
+        return self.json_schema({"type": "object"})
+
+    def tool_call(self, tools: Mapping[str, Mapping[str, Any] | None], parallel: bool = False) -> Grammar:
+        """Output must call one of ``tools`` (name -> parameters schema; None = no parameters):
+        ``{"name": <a tool name>, "arguments": <that tool's parameters>}``, or with ``parallel`` a
+        non-empty JSON array of such objects. For tool_choice "required" pass every tool, for a
+        named function just that one. :mod:`mindie.structured.tool_parser` reads both forms."""
+        return self.json_schema(tool_call_schema(tools, parallel))
+
+    # --- what the engine calls each step -------------------------------------------------------
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        """int32 [rows, bitmask_words], every token allowed."""
+        return torch.full((rows, self.bitmask_words), -1, dtype=torch.int32)
+
+    def fill_bitmasks(self, matchers: Sequence[GrammarMatcher], out: torch.Tensor) -> None:
+        """``matchers[i].fill_bitmask(out[i])`` for all i, in parallel on llguidance's threads."""
+        if out.dtype != torch.int32 or out.dim() != 2 or out.device.type != "cpu" or not out.is_contiguous():
+            raise ValueError("out: expected a contiguous int32 CPU tensor [rows, bitmask_words]")
+        if out.shape[1] != self.bitmask_words or out.shape[0] < len(matchers):
+            raise ValueError(
+                f"out: expected at least {len(matchers)} rows of {self.bitmask_words} words, got {list(out.shape)}"
+            )
+        if not matchers:
+            return
+        pairs = [(m._matcher, i) for i, m in enumerate(matchers)]
+        self._executor.unsafe_compute_mask_ptr(pairs, out.data_ptr(), 4 * self.bitmask_words, out.shape[0])
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _compile(self, schema_json: str) -> Grammar:
+        try:
+            text = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=_JSON_OPTIONS)
+        except ValueError as e:
+            raise GrammarError(f"invalid JSON schema: {e}") from None
+        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
+        if matcher.is_error():
+            raise GrammarError(f"invalid JSON schema: {matcher.get_error()}")
+        # Some problems (an over-complex lexer) surface only at the first mask: find them now, on a
+        # copy, rather than in the engine.
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise GrammarError(f"invalid JSON schema: {probe.get_error()}")
+        return Grammar(matcher, self.bitmask_words)
+
+
+def tool_call_schema(tools: Mapping[str, Mapping[str, Any] | None], parallel: bool = False) -> dict[str, Any]:
+    """The JSON schema of a call to one of ``tools`` (see :meth:`GrammarCompiler.tool_call`)."""
+    if not tools:
+        raise GrammarError("tools: at least one tool is needed")
+    calls = []
+    for name, parameters in tools.items():
+        if not isinstance(name, str) or not name:
+            raise GrammarError(f"tools: a tool name must be a non-empty string, got {name!r}")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}, "additionalProperties": False}
+        elif not isinstance(parameters, Mapping):
+            raise GrammarError(f"tools: the parameters of {name!r} must be a JSON schema object")
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": dict(parameters)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {"type": "array", "items": call, "minItems": 1} if parallel else call
+

@@ -1,0 +1,242 @@
+"""Grammar-constrained decoding with the embedded model's tokenizer: random walks through the
+allowed tokens (random logits, masked by the kernel, then argmax) always give valid JSON; EOS only
+once the value is complete; bad schemas are GrammarErrors; the cache is bounded."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from mindie import ops
+from mindie.structured.grammar import Grammar, GrammarCompiler, GrammarError, tool_call_schema
+from mindie.structured.tool_parser import parse_tool_calls
+from mindie.tokenizer import Tokenizer
+
+RECORD = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 100000},
+        "name": {"type": "string", "maxLength": 12},
+        "status": {"enum": ["active", "disabled", "pending review"]},
+        "score": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
+        "owner": {
+            "type": "object",
+            "properties": {
+                "email": {"type": "string", "maxLength": 20},
+                "admin": {"type": "boolean"},
+                "manager": {"type": ["string", "null"], "maxLength": 6},
+            },
+            "required": ["email", "admin"],
+            "additionalProperties": False,
+        },
+        "points": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            },
+            "minItems": 1,
+            "maxItems": 3,
+        },
+    },
+    "required": ["id", "name", "status", "owner", "points"],
+    "additionalProperties": False,
+}
+
+TOOLS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 16},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "search": {
+        "type": "object",
+        "properties": {"query": {"type": "string", "maxLength": 10}, "limit": {"type": "integer", "minimum": 1}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    "list_files": None,  # no parameters
+}
+
+
+@pytest.fixture(scope="module")
+def tok(smollm_tokenizer: Tokenizer) -> Tokenizer:
+    return smollm_tokenizer
+
+
+@pytest.fixture(scope="module")
+def compiler(tok: Tokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tok, num_threads=2)
+
+
+def allowed(compiler: GrammarCompiler, row: torch.Tensor) -> torch.Tensor:
+    """bool [vocab]: the tokens a bitmask row allows (as tests/reference/token_mask.py reads it)."""
+    bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")  # single-threaded, unlike torch's
+    return torch.from_numpy(bits[: compiler.vocab_size].astype(bool))
+
+
+def walk(compiler: GrammarCompiler, tok: Tokenizer, grammar: Grammar, seed: int, max_steps: int = 2000) -> str:
+    """Greedy decoding of random logits under the grammar, until EOS; checks the mask each step."""
+    gen = torch.Generator().manual_seed(seed)
+    matcher = grammar.matcher()
+    mask = compiler.allocate_bitmask(1)
+    ids: list[int] = []
+    for _ in range(max_steps):
+        matcher.fill_bitmask(mask[0])
+        ok = allowed(compiler, mask[0])
+        eos_allowed = bool(ok[list(tok.eos_token_ids)].any())
+        assert eos_allowed == matcher.accepts_eos()
+        if eos_allowed:
+            json.loads(tok.decode(ids))  # EOS only once the value is complete
+        logits = torch.randn(1, compiler.vocab_size, generator=gen)
+        ops.apply_token_bitmask(logits, mask)
+        token = int(logits.argmax())
+        assert ok[token].item()
+        if token in tok.eos_token_ids:
+            assert matcher.advance(token) and matcher.is_finished()
+            return tok.decode(ids)
+        assert matcher.advance(token), matcher.error
+        ids.append(token)
+    raise AssertionError(f"no EOS after {max_steps} tokens: {tok.decode(ids)!r}")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_walk_gives_valid_json(compiler, tok, seed):
+    text = walk(compiler, tok, compiler.json_schema(RECORD), seed)
+    jsonschema.validate(json.loads(text), RECORD)
+    assert "\n" not in text and text.startswith('{"id": ')  # one line, declaration order
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_random_walk_gives_parseable_tool_calls(compiler, tok, parallel, seed):
+    text = walk(compiler, tok, compiler.tool_call(TOOLS, parallel=parallel), seed)
+    parsed = parse_tool_calls(text, tool_names=TOOLS)
+    assert parsed.content == "" and len(parsed.tool_calls) >= 1
+    assert parallel or len(parsed.tool_calls) == 1
+    for call in parsed.tool_calls:
+        schema = TOOLS[call.name] or {"type": "object", "additionalProperties": False}
+        jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_named_function_allows_only_that_name(compiler, tok):
+    grammar = compiler.tool_call({"search": TOOLS["search"]})
+    for seed in range(2):
+        (call,) = parse_tool_calls(walk(compiler, tok, grammar, seed)).tool_calls
+        assert call.name == "search"
+
+
+def test_json_object_accepts_an_object_and_nothing_else(compiler, tok):
+    grammar = compiler.json_object()
+    matcher = grammar.matcher()
+    row = compiler.allocate_bitmask(1)[0]
+    for token in tok.encode('{"a": [1, {"b": null}]}', add_special_tokens=False):
+        matcher.fill_bitmask(row)
+        assert allowed(compiler, row)[token]
+        assert not matcher.accepts_eos()
+        assert matcher.advance(token)
+    assert matcher.accepts_eos()
+    matcher.fill_bitmask(row)
+    assert allowed(compiler, row).nonzero().flatten().tolist() == list(tok.eos_token_ids)
+    fresh = grammar.matcher()  # a new matcher starts over: no array, no text, no EOS at first
+    fresh.fill_bitmask(row)
+    first = allowed(compiler, row)
+    for text in ("[", "Sure", " {"):
+        assert not first[tok.encode(text, add_special_tokens=False)[0]]
+    assert not any(first[e] for e in tok.eos_token_ids)
+
+
+def test_disallowed_token_puts_the_matcher_in_error(compiler, tok):
+    matcher = compiler.json_object().matcher()
+    assert not matcher.advance(tok.encode("hello", add_special_tokens=False)[0])
+    assert matcher.error and matcher.is_finished()
+
+
+def test_fill_bitmasks_matches_per_row_fill(compiler, tok):
+    grammars = [compiler.json_schema(RECORD), compiler.json_object(), compiler.tool_call(TOOLS)]
+    matchers = [g.matcher() for g in grammars]
+    for m, text in zip(matchers, ['{"id": 1', '{"x', '{"name": "se']):
+        for token in tok.encode(text, add_special_tokens=False):
+            assert m.advance(token), m.error
+    batch = torch.zeros(4, compiler.bitmask_words, dtype=torch.int32)
+    compiler.fill_bitmasks(matchers, batch)
+    for i, m in enumerate(matchers):
+        row = compiler.allocate_bitmask(1)[0]
+        m.fill_bitmask(row)
+        assert torch.equal(batch[i], row)
+    assert torch.equal(batch[3], torch.zeros(compiler.bitmask_words, dtype=torch.int32))  # untouched
+
+
+def test_bitmask_buffers_are_checked(compiler):
+    matcher = compiler.json_object().matcher()
+    words = compiler.bitmask_words
+    for bad in (torch.zeros(words, dtype=torch.int64), torch.zeros(words - 1, dtype=torch.int32),
+                torch.zeros(2 * words, dtype=torch.int32)[::2]):
+        with pytest.raises(ValueError, match="out_row"):
+            matcher.fill_bitmask(bad)
+    with pytest.raises(ValueError, match="out"):
+        compiler.fill_bitmasks([matcher], torch.zeros(0, words, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    "schema,problem",
+    [
+        ({"type": "foo"}, "foo"),
+        ({"type": "string", "pattern": "(a"}, "unclosed group"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/defs/x"}}}, "/defs/x"),
+        ({"type": "integer", "minimum": 5, "maximum": 3}, "minimum"),
+        ({"type": "string", "format": "no-such-format"}, "no-such-format"),
+        ([{"type": "object"}], "must be an object"),
+        ({"const": float("nan")}, "not JSON"),
+    ],
+)
+def test_bad_schema_is_a_grammar_error_naming_the_problem(compiler, schema, problem):
+    with pytest.raises(GrammarError, match=problem) as info:
+        compiler.json_schema(schema)
+    assert isinstance(info.value, ValueError)  # the server turns it into a 400
+
+
+def test_bad_tools_are_grammar_errors(compiler):
+    with pytest.raises(GrammarError, match="at least one tool"):
+        compiler.tool_call({})
+    with pytest.raises(GrammarError, match="non-empty string"):
+        compiler.tool_call({"": None})
+    with pytest.raises(GrammarError, match="'f'"):
+        compiler.tool_call({"f": ["not", "a", "schema"]})  # type: ignore[dict-item]
+    with pytest.raises(GrammarError, match="foo"):
+        compiler.tool_call({"f": {"type": "foo"}})
+
+
+def test_tool_call_schema_forms():
+    single = tool_call_schema({"f": None})
+    assert single["required"] == ["name", "arguments"] and single["properties"]["name"] == {"const": "f"}
+    assert tool_call_schema({"f": None, "g": None})["anyOf"][1]["properties"]["name"] == {"const": "g"}
+    listed = tool_call_schema({"f": None}, parallel=True)
+    assert listed["type"] == "array" and listed["minItems"] == 1 and listed["items"] == single
+
+
+def test_cache_is_bounded_lru_keyed_by_canonical_json(tok):
+    compiler = GrammarCompiler(tok, cache_size=3, num_threads=1)
+    schemas = [{"type": "object", "properties": {f"k{i}": {"type": "integer"}}} for i in range(5)]
+    grammars = [compiler.json_schema(s) for s in schemas]
+    assert len(compiler) == 3
+    assert compiler.json_schema(json.loads(json.dumps(schemas[4]))) is grammars[4]  # equal dict: a hit
+    assert compiler.json_schema(schemas[2]) is grammars[2]  # now the most recent
+    assert compiler.json_schema(schemas[0]) is not grammars[0]  # evicted, compiled again
+    assert len(compiler) == 3
+    assert compiler.json_schema(schemas[2]) is grammars[2]  # survived the eviction
+    reordered = {"properties": {"k2": {"type": "integer"}}, "type": "object"}
+    assert compiler.json_schema(reordered) is not grammars[2]  # key order is part of the key
+    with pytest.raises(ValueError, match="cache_size"):
+        GrammarCompiler(tok, cache_size=0)
