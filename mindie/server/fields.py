@@ -35,7 +35,9 @@ def number(
 ) -> Any:
     """A number in [lo, hi] (either end open); `also` lists values accepted outside the range,
     `exclude` values refused inside it."""
-    rule = f"{'(' if lo_open or lo is None else '['}{_fmt(lo, '-inf')}, {_fmt(hi, 'inf')}{')' if hi_open or hi is None else ']'}"
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
+    rule = f"{left}{_fmt(lo, '-inf')}, {_fmt(hi, 'inf')}{right}"
     if also:
         rule = " or ".join(str(a) for a in also) + f" or {rule}"
     if exclude:

@@ -21,6 +21,7 @@ from mindie.engine.request import MAX_N, EngineRequest, FinishReason, RequestOut
 from mindie.server.config import ServerSettings
 from mindie.server.errors import APIError
 from mindie.server.metrics import ServerMetrics
+from mindie.structured.grammar import Grammar, GrammarCompiler
 from mindie.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -37,6 +38,7 @@ class Generation:
     stream: bool = False
     user_id: str | None = None  # a Triton client's own id, usable by stopInfer
     prompt_text: str | None = None
+    grammar: Grammar | None = None  # what the output must follow (structured output, required tool calls)
 
 
 class GenerationTimeout(Exception):
@@ -194,6 +196,7 @@ class Serving:
         self._by_user_id: dict[str, str] = {}
         self.draining = False
         self.max_n = min(MAX_N, settings.engine.max_batch_size)
+        self.grammars = GrammarCompiler(self.tokenizer)
 
     # --- prompts -------------------------------------------------------------------------------
 
@@ -225,8 +228,8 @@ class Serving:
         if self.settings.truncation == 1:
             return ids[-limit:]
         e = self.settings.engine
-        raise APIError(422, f"{field_name} has {len(ids)} tokens; the limit is min(maxInputTokenLen={e.max_input_token_len}, "
-                            f"maxSeqLen-1={e.max_seq_len - 1}) = {limit}", field_name)
+        raise APIError(422, f"{field_name} has {len(ids)} tokens; the limit is min(maxInputTokenLen="
+                            f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}) = {limit}", field_name)
 
     def check_token_ids(self, ids: list[int], field_name: str) -> list[int]:
         vocab = self.model_config.vocab_size

@@ -10,12 +10,14 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mindie.engine.request import TokenLogprob
+from mindie.engine.request import FinishReason, TokenLogprob
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number, parse
+from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.common import OPENAI_REASONS, ContentPart, join_parts, json_response, sse, stream_response
 from mindie.server.protocols.vllm import SamplingFields, TokenId
 from mindie.server.serving import Generation, OutputStream, Result, Serving, StreamItem, until_disconnect
+from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
 
 MAX_MESSAGES = 4096
 MAX_PROMPTS = 128
@@ -105,7 +107,8 @@ def check_model(ctx: Serving, model: str) -> None:
 
 def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add_generation_prompt: bool = True,
                 template: str | None = None, kwargs: dict[str, Any] | None = None) -> str:
-    """The conversation through the model's chat template, in Jinja's sandbox."""
+    """The conversation through the model's chat template (or the request's), in Jinja's sandbox;
+    tools through the template when it takes them, else through the fallback block."""
     plain = []
     for i, m in enumerate(messages):
         m = m if isinstance(m, Message) else parse_message(m, i)
@@ -125,16 +128,19 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
             d["tool_call_id"] = m.tool_call_id
         plain.append(d)
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    tok = ctx.tokenizer
+    source = template if template is not None else ctx.tokenizer.chat_template
+    if not tools_support.template_takes_tools(source):
+        plain, tool_dicts = tools_support.apply_fallback(plain, tool_dicts), None
     try:
         if template is not None:
             from mindie.tokenizer import _compile_template
 
             return _compile_template(template).render(messages=plain, tools=tool_dicts,
                                                       add_generation_prompt=add_generation_prompt, **(kwargs or {}))
-        return tok.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts,
-                                       **(kwargs or {}))
-    except TemplateError as exc:
+        return ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts,
+                                                 **(kwargs or {}))
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        # the template is code over the client's messages: any failure is the request's
         raise APIError(422, f"the chat template failed on these messages: {exc}", "messages") from None
 
 
@@ -269,29 +275,42 @@ async def _collect_all(ctx: Serving, request: Request, streams: list[OutputStrea
 # --- chat ----------------------------------------------------------------------------------------
 
 
-def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
+async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
     check_model(ctx, req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(422, "top_logprobs requires logprobs to be true", "top_logprobs")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise APIError(422, f"response_format.type {req.response_format.type!r} is not supported yet; "
-                            "only 'text' is", "response_format.type")
-    if isinstance(req.tool_choice, dict) or req.tool_choice == "required":
-        raise APIError(422, "tool_choice 'required' or a named function is not supported yet; use 'auto' or 'none'",
-                       "tool_choice")
-    kwargs = dict(req.chat_template_kwargs or {})
-    prompt = render_chat(ctx, req.messages, req.tools if req.tool_choice != "none" else None,
-                         req.add_generation_prompt, req.chat_template, kwargs)
+    tools = tools_support.check_tools(req.tools, req.tool_choice)
+    offered = req.tools if req.tool_choice != "none" else None
+    prompt = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
+                         dict(req.chat_template_kwargs or {}))
     ctx.check_text(prompt, "messages")
     ids = ctx.fit_prompt(ctx.tokenizer.encode(prompt, add_special_tokens=False), "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=_max_tokens(req), stream=req.stream)
-    return Generation(ids, params, stream=req.stream, prompt_text=prompt)
+    grammar = None
+    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or req.response_format is not None:
+        grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
+                                          req.response_format)
+    return Generation(ids, params, stream=req.stream, prompt_text=prompt, grammar=grammar)
+
+
+def _reads_calls(req: ChatRequest) -> bool:
+    return bool(req.tools) and req.tool_choice != "none"
+
+
+def _message(req: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
+    """The assistant message for a finished sample, and whether it is a tool call."""
+    if not _reads_calls(req):
+        return {"role": "assistant", "content": text, "tool_calls": []}, False
+    parsed = parse_tool_calls(text, [t.function.name for t in req.tools or ()])
+    calls = [c.to_openai() for c in parsed.calls]
+    return {"role": "assistant", "content": parsed.content if parsed.content or not calls else None,
+            "tool_calls": calls}, bool(calls)
 
 
 async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
     req = parse(ChatRequest, body)
-    gen = _chat_generation(ctx, req)
+    gen = await _chat_generation(ctx, req)
     stream = await ctx.start(gen)
     created = int(time.time())
     head = {"id": stream.request_id, "object": "chat.completion", "created": created, "model": req.model}
@@ -299,15 +318,34 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
         result = await ctx.collect(request, stream)
         choices = []
         for s in result.best(gen.params.n):
-            choice: dict[str, Any] = {"index": s.index, "message": {"role": "assistant", "content": s.text,
-                                                                    "tool_calls": []},
-                                      "logprobs": chat_logprobs(ctx, s.logprobs) if req.logprobs else None,
-                                      "finish_reason": OPENAI_REASONS[s.finish_reason]}
-            choices.append(choice)
+            message, called = _message(req, s.text)
+            reason = "tool_calls" if called and s.finish_reason is not FinishReason.LENGTH else \
+                OPENAI_REASONS[s.finish_reason]
+            choices.append({"index": s.index, "message": message,
+                            "logprobs": chat_logprobs(ctx, s.logprobs) if req.logprobs else None,
+                            "finish_reason": reason})
         return json_response({**head, "choices": choices, "usage": _usage([result], len(gen.prompt_ids))})
 
     head["object"] = "chat.completion.chunk"
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    names = [t.function.name for t in req.tools or ()]
+    parsers = {i: ToolCallParser(names) for i in range(gen.params.num_samples)} if _reads_calls(req) else {}
+    called: set[int] = set()
+
+    def deltas(index: int, text: str, final: bool) -> list[dict[str, Any]]:
+        """Content and tool-call deltas for new text of sample `index`."""
+        parser = parsers.get(index)
+        if parser is None:
+            return [{"content": text}] if text else []
+        events = parser.feed(text) + (parser.finish() if final else [])
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, ContentDelta):
+                out.append({"content": e.text})
+            else:
+                called.add(index)
+                out.append({"tool_calls": [e.to_openai_delta()]})
+        return out
 
     async def events():  # type: ignore[no-untyped-def]
         result = Result.empty(gen.params.num_samples)
@@ -317,17 +355,23 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
         async for item in stream:
             result.add(item)
             out = item.output
-            if not out.new_text and out.finish_reason is None:
-                continue  # nothing to say yet (a character still incomplete, or a stop string pending)
-            choice: dict[str, Any] = {"index": out.index, "delta": {"content": out.new_text},
-                                      "logprobs": chat_logprobs(ctx, out.new_logprobs) if req.logprobs else None,
-                                      "finish_reason": OPENAI_REASONS[out.finish_reason] if out.finish_reason else None}
-            chunk: dict[str, Any] = {**head, "choices": [choice]}
-            if out.request_done and not include_usage:
-                chunk["usage"] = _usage([result], len(gen.prompt_ids))
-            if out.finish_reason is not None and ctx.settings.full_text:
-                chunk["full_text"] = result.samples[out.index].text
-            yield sse(chunk)
+            final = out.finish_reason is not None
+            pieces = deltas(out.index, out.new_text, final)
+            lps = chat_logprobs(ctx, out.new_logprobs) if req.logprobs else None
+            if final:
+                reason = "tool_calls" if out.index in called and out.finish_reason is not FinishReason.LENGTH \
+                    else OPENAI_REASONS[out.finish_reason]
+                pieces = pieces or [{}]
+            for k, delta in enumerate(pieces):
+                last = final and k == len(pieces) - 1
+                choice = {"index": out.index, "delta": delta, "logprobs": lps if k == 0 else None,
+                          "finish_reason": reason if last else None}
+                chunk: dict[str, Any] = {**head, "choices": [choice]}
+                if last and out.request_done and not include_usage:
+                    chunk["usage"] = _usage([result], len(gen.prompt_ids))
+                if last and ctx.settings.full_text:
+                    chunk["full_text"] = result.samples[out.index].text
+                yield sse(chunk)
         if include_usage:
             yield sse({**head, "choices": [], "usage": _usage([result], len(gen.prompt_ids))})
         yield b"data: [DONE]\n\n"

@@ -83,7 +83,8 @@ def _generation(ctx: Serving, req: TGIRequest, stream: bool) -> Generation:
     if p.truncate is not None and len(ids) > p.truncate:
         ids = ids[-p.truncate:]
     ids = ctx.fit_prompt(ids, "inputs")
-    return Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout, stream=stream, prompt_text=text)
+    return Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout,
+                      stream=stream, prompt_text=text)
 
 
 def _token(ctx: Serving, token_id: int, logprob: float | None) -> dict[str, Any]:

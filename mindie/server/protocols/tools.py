@@ -1,0 +1,108 @@
+"""Tool calling and structured output for the chat route: prompting, the constraint a request
+asks for, and reading calls back out of the model's text.
+
+Prompting: a chat template that takes `tools` gets them; otherwise one fallback block in the system
+turn lists the functions and the JSON form of a call, and earlier assistant `tool_calls` are
+written into their message in that same form, so multi-turn conversations round-trip through any
+template. Constraints: `tool_choice` "required" or a named function, and `response_format`
+json_object / json_schema, compile (llguidance, cached) into a grammar the engine enforces with a
+token mask; a schema that does not compile is a 400 before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mindie.server.errors import APIError
+from mindie.structured.grammar import Grammar, GrammarCompiler, GrammarError
+
+FALLBACK_BLOCK = (
+    "You can call functions. To call one, answer with only a JSON object of the form "
+    '{{"name": <function name>, "arguments": <object of arguments>}} and nothing else. '
+    "Otherwise answer normally. The functions:\n{functions}"
+)
+
+
+def template_takes_tools(chat_template: str | None) -> bool:
+    return bool(chat_template) and "tools" in chat_template  # type: ignore[operator]
+
+
+def call_text(tool_calls: list[dict[str, Any]]) -> str:
+    """Earlier calls written the way the fallback block asks the model to write them."""
+    calls = []
+    for c in tool_calls:
+        try:
+            arguments = json.loads(c["function"]["arguments"])
+        except (json.JSONDecodeError, TypeError):
+            arguments = c["function"]["arguments"]
+        calls.append({"name": c["function"]["name"], "arguments": arguments})
+    return json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
+
+
+def apply_fallback(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Messages for a template that knows nothing of tools."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = ((m.get("content") or "") + "\n" + call_text(m.pop("tool_calls"))).strip()
+        m.pop("tool_call_id", None)
+        out.append(m)
+    if tools:
+        functions = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+        block = FALLBACK_BLOCK.format(functions=functions)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def check_tools(tools: list[Any] | None, tool_choice: Any) -> dict[str, dict[str, Any] | None]:
+    """Name -> parameters of each tool, after the seed's rules; raises a 400-worthy APIError."""
+    by_name: dict[str, dict[str, Any] | None] = {}
+    for i, tool in enumerate(tools or []):
+        f = tool.function
+        if f.parameters is not None and f.parameters.get("type") != "object":
+            raise APIError(422, f"tools[{i}].function.parameters.type must be 'object', got "
+                                f"{f.parameters.get('type')!r}", f"tools[{i}].function.parameters.type")
+        if f.name in by_name:
+            raise APIError(422, f"tools[{i}].function.name {f.name!r} is defined twice", f"tools[{i}].function.name")
+        by_name[f.name] = f.parameters
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") if tool_choice.get("type") == "function" else None
+        if not isinstance(name, str):
+            raise APIError(422, "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                                "\"function\": {\"name\": <a tool name>}}", "tool_choice")
+        if name not in by_name:
+            raise APIError(422, f"tool_choice names function {name!r}, which is not in tools ({sorted(by_name)})",
+                           "tool_choice.function.name")
+    elif tool_choice == "required" and not by_name:
+        raise APIError(422, "tool_choice 'required' needs at least one tool in tools", "tool_choice")
+    return by_name
+
+
+def constraint(compiler: GrammarCompiler, tools: dict[str, dict[str, Any] | None], tool_choice: Any,
+               response_format: Any) -> Grammar | None:
+    """The grammar the output must follow, if any (compiling can take a while: call it off the
+    event loop)."""
+    try:
+        if tool_choice == "required":
+            return compiler.tool_call(tools)
+        if isinstance(tool_choice, dict):
+            name = tool_choice["function"]["name"]
+            return compiler.tool_call({name: tools[name]})
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.type == "json_object":
+            return compiler.json_object()
+        spec = response_format.json_schema or {}
+        schema = spec.get("schema")
+        if not isinstance(schema, dict):
+            raise APIError(422, "response_format.json_schema.schema must be a JSON schema object",
+                           "response_format.json_schema.schema")
+        return compiler.json_schema(schema)
+    except GrammarError as exc:
+        param = "response_format.json_schema.schema" if response_format is not None else "tools"
+        raise APIError(422, f"{param}: {exc}", param) from None
