@@ -66,7 +66,8 @@ class LLM:
             text, ids = self._tokenize(prompt)
             request_id = str(next(self._ids))
             self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text))
-            samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(p.num_samples)]
+            count = p.n if p.use_beam_search else p.num_samples  # beam search returns only the n best
+            samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(count)]
             results[request_id] = GenerationResult(request_id, text, ids, samples)
         self._run(results, dict(zip(results, per_prompt)), use_tqdm=use_tqdm)
         return list(results.values())
@@ -104,7 +105,7 @@ class LLM:
                     result, p = results[out.request_id], params[out.request_id]
                     self._accumulate(result, out, p.logprobs)
                     if out.request_done:
-                        if p.num_samples > p.n:  # best_of: the n best by cumulative log-probability
+                        if not p.use_beam_search and p.num_samples > p.n:  # best_of: the n most likely
                             best = sorted(result.outputs, key=lambda c: c.cumulative_logprob, reverse=True)
                             result.outputs = best[: p.n]
                             for i, c in enumerate(result.outputs):

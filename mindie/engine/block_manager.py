@@ -228,6 +228,29 @@ class BlockManager:
         self._ref[old] -= 1
         return [(old, table[idx])]
 
+    def blocks_to_write(self, writes: Sequence[tuple[str, int, int]]) -> int:
+        """Fresh blocks that `allocate(seq_id, _, end)` then `prepare_write(seq_id, start, end)`
+        for every (seq_id, start, end) in writes (known seqs, each once) would take together.
+        A block shared by r tables and written by w of them takes min(w, r - 1) copies: the last
+        holder writes in place. Modifies nothing."""
+        need = 0
+        writers: dict[int, int] = {}  # existing block -> tables writing into it
+        for seq_id, start, end in writes:
+            table = self._seqs[seq_id].table
+            covered = self.num_blocks_needed(end)
+            need += max(covered - len(table), 0)
+            for idx in range(start // self.block_size, min(covered, len(table))):
+                writers[table[idx]] = writers.get(table[idx], 0) + 1
+        return need + sum(min(w, self._ref[b] - 1) for b, w in writers.items() if self._ref[b] > 1)
+
+    def prepare_write(self, seq_id: str, start: int, end: int) -> list[tuple[int, int]]:
+        """`prepare_append` for each block holding a position in [start, end): the (src, dst)
+        copies to make before writing there. Same errors as prepare_append."""
+        copies, bs = [], self.block_size
+        for idx in range(start // bs, -(-end // bs)):
+            copies += self.prepare_append(seq_id, max(idx * bs, start))
+        return copies
+
     def free(self, seq_id: str) -> None:
         """Release every block of seq_id (ref - 1) and forget it. Blocks are released last block
         first, so a prefix's head is evicted after its tail. A block reaching ref 0 becomes

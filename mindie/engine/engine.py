@@ -2,10 +2,19 @@
 
 step() = expire timeouts -> schedule -> run the model -> sample -> update sequences and emit
 outputs. Everything else hangs off those five lines.
+
+A beam-search request runs as a group of sequences, one per live beam (`Sequence.lockstep`). Once
+every beam of the group is fully computed, its logits go to the request's `BeamSearch`
+(mindie/sampling/beam.py), which picks the next beams; a parent chosen once continues as itself,
+a parent chosen k > 1 times is forked k - 1 times (the children share its blocks copy-on-write),
+and a parent not chosen is freed. The request emits nothing until the search is done, then its n
+best hypotheses at once, best first, the last with `request_done`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import secrets
 import time
 
@@ -19,6 +28,7 @@ from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
 from mindie.model.loader import LoadedModel
 from mindie.model.runner import ModelRunner
+from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
 
 
@@ -38,7 +48,10 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
-        self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples
+        self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples or live beams
+        self.beam_searches: dict[str, BeamSearch] = {}  # request id -> its search, for beam requests
+        self._beam_logits: dict[Sequence, torch.Tensor] = {}  # computed beams waiting for their siblings
+        self._beam_ids = itertools.count(1)  # sequence index of forked beams (the prompt's is 0)
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
 
     # --- requests ------------------------------------------------------------------------------
@@ -47,6 +60,11 @@ class LLMEngine:
         """Queues a request; raises ValueError (naming the field and range) if it cannot run."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.params
+        width = params.num_samples if params.use_beam_search else 1
+        if width > self.config.max_batch_size:
+            raise ValueError(f"beam width (best_of or n) is {width}; the limit is maxBatchSize="
+                             f"{self.config.max_batch_size}")
         prompt_len = len(request.prompt_token_ids)
         if prompt_len > self.config.max_input_len:
             raise ValueError(
@@ -57,9 +75,11 @@ class LLMEngine:
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
-        max_new = min(request.params.max_tokens or self.config.max_iter_times, self.config.max_iter_times)
+        max_new = min(params.max_tokens or self.config.max_iter_times, self.config.max_iter_times)
         max_total = min(prompt_len + max_new, self.config.max_seq_len, self.loaded.config.max_position)
-        capacity = self.blocks.num_blocks * self.blocks.block_size
+        # All beams of a group must fit at once even sharing no block (as when they are recomputed
+        # after a preemption), so that a group alone in the pool always completes.
+        capacity = self.blocks.num_blocks // width * self.blocks.block_size
         if max_total > capacity:
             max_total = capacity
         if max_total <= prompt_len:
@@ -67,7 +87,10 @@ class LLMEngine:
                 f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
                 f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
             )
-        base_seed = request.params.seed if request.params.seed is not None else secrets.randbits(63)
+        base_seed = params.seed if params.seed is not None else secrets.randbits(63)
+        if params.use_beam_search:
+            self._add_beam_search(request, max_total, base_seed)
+            return
         samples: list[Sequence] = []
         for index in range(request.params.num_samples):
             detok = IncrementalDetokenizer(
@@ -84,9 +107,22 @@ class LLMEngine:
         for seq in samples:
             self.scheduler.add(seq)
 
+    def _add_beam_search(self, request: EngineRequest, max_total: int, seed: int) -> None:
+        params = request.params
+        eos = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        vocab = self.loaded.config.vocab_size
+        search = BeamSearch(params, [t for t in eos if t < vocab], max_total - len(request.prompt_token_ids))
+        prompt = Sequence(request, 0, seed, max_total, detokenizer=None)
+        prompt.lockstep = [prompt]  # one live beam until the first step
+        self.requests[request.request_id] = prompt.lockstep
+        self.beam_searches[request.request_id] = search
+        self.scheduler.add(prompt)
+
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Stops every sample of a request in any phase and frees their blocks; returns their
         final outputs (empty if the request is unknown or already finished)."""
+        if request_id in self.beam_searches:
+            return self._finish_beams(request_id, FinishReason.ABORT, 0)
         return [self._finish(seq, FinishReason.ABORT, [], [], "", 0) for seq in list(self.requests.get(request_id, []))]
 
     def has_unfinished(self) -> bool:
@@ -107,10 +143,89 @@ class LLMEngine:
 
     def _expire_timeouts(self) -> list[RequestOutput]:
         now = time.monotonic()
-        expired = [s for samples in self.requests.values() for s in samples if s.timed_out(now)]
-        return [self._finish(s, FinishReason.ABORT, [], [], "", 0) for s in expired]
+        expired = [rid for rid, samples in self.requests.items() if samples[0].timed_out(now)]
+        return [out for rid in expired for out in self.abort(rid)]
 
     def _update(self, seqs: list[Sequence], logits: torch.Tensor, batch_size: int) -> list[RequestOutput]:
+        beam_rows = [row for row, seq in enumerate(seqs) if seq.lockstep is not None]
+        if not beam_rows:
+            return self._sample(seqs, logits, batch_size)
+        plain = [row for row, seq in enumerate(seqs) if seq.lockstep is None]
+        outputs = self._sample([seqs[r] for r in plain], logits[plain], batch_size) if plain else []
+        for row in beam_rows:
+            self._beam_logits[seqs[row]] = logits[row]
+        for request_id in dict.fromkeys(seqs[row].request.request_id for row in beam_rows):
+            beams = self.requests[request_id]  # the group's lockstep list
+            if all(beam.num_pending_tokens == 0 for beam in beams):
+                outputs += self._beam_step(request_id, beams, batch_size)
+        return outputs
+
+    def _beam_step(self, request_id: str, beams: list[Sequence], batch_size: int) -> list[RequestOutput]:
+        children = self.beam_searches[request_id].step(torch.stack([self._beam_logits.pop(b) for b in beams]))
+        if not children:
+            return self._finish_beams(request_id, None, batch_size)
+        # Fork before any token is appended: a child starts as an exact copy of its parent.
+        continued: set[int] = set()
+        next_beams = []
+        for row, _ in children:
+            parent = beams[row]
+            if row in continued:
+                child = dataclasses.replace(parent, index=next(self._beam_ids), token_ids=list(parent.token_ids))
+                self.scheduler.fork(parent, child)
+                next_beams.append(child)
+            else:
+                continued.add(row)
+                next_beams.append(parent)
+        for row, beam in enumerate(beams):
+            if row not in continued:
+                self.scheduler.remove(beam)
+        now = time.monotonic()
+        for beam, (_, token) in zip(next_beams, children):
+            beam.token_ids.append(token)
+            if beam.first_token_time is None:
+                beam.first_token_time = now
+        beams[:] = next_beams  # the shared lockstep list, now in the search's row order
+        return []
+
+    def _finish_beams(self, request_id: str, reason: FinishReason | None, batch_size: int) -> list[RequestOutput]:
+        """Frees every beam and returns the n best hypotheses, best first (reason None: the search
+        is done), or n empty outputs with `reason` (an abort)."""
+        search = self.beam_searches.pop(request_id)
+        beams = self.requests.pop(request_id)
+        for beam in beams:
+            self.scheduler.remove(beam)
+            self._beam_logits.pop(beam, None)
+        lead, params = beams[0], search.params
+        hyps = search.best() if reason is None else []
+        now = time.monotonic()
+        outputs = []
+        for index in range(params.n):
+            hyp = hyps[index] if hyps else None
+            tokens = hyp.token_ids if hyp else []
+            detok = IncrementalDetokenizer(self.tokenizer, lead.request.prompt_token_ids,
+                                           skip_special_tokens=params.skip_special_tokens)
+            outputs.append(RequestOutput(
+                request_id=request_id,
+                index=index,
+                new_token_ids=tokens,
+                new_text=detok.append(tokens).text + detok.flush(),
+                new_logprobs=hyp.logprobs if hyp else [],
+                finish_reason=hyp.finish_reason if hyp else reason,
+                num_prompt_tokens=lead.num_prompt_tokens,
+                num_output_tokens=len(tokens),
+                cumulative_logprob=hyp.cumulative_logprob if hyp else 0.0,
+                seed=lead.seed,
+                batch_size=batch_size,
+                queue_wait_s=(lead.first_scheduled_time or now) - lead.request.arrival_time,
+                # The tokens reach the client now, all at once.
+                first_token_latency_s=now - lead.request.arrival_time if tokens else None,
+                num_cached_prompt_tokens=lead.num_cached_prompt_tokens,
+                request_done=index == params.n - 1,
+                beam_score=hyp.score if hyp else None,
+            ))
+        return outputs
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, batch_size: int) -> list[RequestOutput]:
         sampled = sample(logits, seqs)
         tokens = sampled.token_ids.tolist()
         logprobs = sampled.logprobs.tolist()

@@ -2,7 +2,8 @@
 
 A protocol adapter validates its own body and builds an `EngineRequest`; the engine turns each
 request into a `Sequence` (its runtime state) and emits `RequestOutput`s: one per step while it
-runs, the last with a finish reason.
+runs, the last with a finish reason (a beam-search request: one per returned hypothesis, all at
+its end).
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ class SamplingParams:
     logprobs: int | None = None  # top-N log-probabilities per token, 0..20; None: none
     n: int = 1  # samples returned
     best_of: int | None = None  # samples generated (>= n); the n with the best cumulative logprob return
+    # Beam search with width best_of or n, returning the n best hypotheses when the request ends
+    # (mindie/sampling/beam.py). It is deterministic: temperature, top_k, top_p, do_sample and
+    # seed are ignored; penalties and stop strings, which would change what the search ranks,
+    # are refused.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # hypothesis score = sum of logprobs / length ** length_penalty
+    early_stopping: bool | str = False  # True, False or "never", as Hugging Face generate()
 
     def __post_init__(self) -> None:
         _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
@@ -77,6 +85,17 @@ class SamplingParams:
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
         _check(self.best_of is None or (isinstance(self.best_of, int) and self.n <= self.best_of <= MAX_N),
                "best_of", f"in [n={self.n}, {MAX_N}]", self.best_of)
+        _check(isinstance(self.use_beam_search, bool), "use_beam_search", "true or false", self.use_beam_search)
+        _check(isinstance(self.length_penalty, (int, float)) and not isinstance(self.length_penalty, bool)
+               and math.isfinite(self.length_penalty),
+               "length_penalty", "a finite number", self.length_penalty)
+        _check(isinstance(self.early_stopping, bool) or self.early_stopping == "never", "early_stopping",
+               'true, false or "never"', self.early_stopping)
+        if self.use_beam_search:
+            for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
+                                  ("frequency_penalty", 0.0)):
+                _check(getattr(self, name) == neutral, name, f"{neutral} with use_beam_search", getattr(self, name))
+            _check(not self.stop, "stop", "empty with use_beam_search", self.stop)
 
     @property
     def num_samples(self) -> int:
@@ -132,6 +151,11 @@ class RequestOutput:
     first_token_latency_s: float | None  # set on the output that carries the first token
     num_cached_prompt_tokens: int = 0
     request_done: bool = False
+    # Beam search only: the hypothesis' rank score, cumulative_logprob (the plain sum of its
+    # token log-probabilities) / num_output_tokens ** length_penalty, as Hugging Face reports it
+    # in sequences_scores. A beam request's outputs come at its end, one per hypothesis, best
+    # first, each with all its tokens and text.
+    beam_score: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -10,6 +10,14 @@ then waiting ones are admitted by (priority, arrival) while the budget, the batc
 free blocks allow. When a running sequence cannot get a block, the lowest-priority, newest running
 sequence is preempted. Blocks themselves belong to the BlockManager (mechanism); this module only
 asks it.
+
+The beams of a beam-search request (`Sequence.lockstep`) are one unit: admitted together or not
+at all, served in the same step (all of them decode together; only a unit larger than the rest
+of the step's budget is split, and the engine's beam step then waits for the last beam), given
+their blocks and copy-on-write copies together, and preempted together, so that a recomputed
+group never mixes beams of different lengths. From admission on, a group counts at its full beam
+width against maxBatchSize. Units sharing a sort key stay contiguous: members enter the lists one
+after another and a forked beam goes right after its parent.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ class ScheduledSequence:
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Copy-on-write (src, dst) block pairs: the runner copies them before the step writes KV.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -70,70 +80,131 @@ class Scheduler:
             self.blocks.free(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
 
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Adds child, a copy of the running parent (same tokens, same computed KV), sharing all of
+        the parent's blocks copy-on-write; it runs right after the parent."""
+        self.blocks.fork(parent.seq_id, child.seq_id)
+        child.status = SequenceStatus.RUNNING
+        self.running.insert(self.running.index(parent) + 1, child)
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_prefill_tokens
         prefills = 0
         scheduled_ids: set[int] = set()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            is_prefill = seq.num_pending_tokens > 1
-            if is_prefill and prefills >= self.config.max_prefill_batch_size:
-                i += 1
+        handled: set[int] = set()
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if id(seq) in handled or seq.status is not SequenceStatus.RUNNING:
+                continue  # a member of a unit already served, or preempted by it
+            unit = seq.lockstep or [seq]
+            handled.update(id(s) for s in unit)
+            work = self._share(unit, budget, prefills)
+            if not work:
                 continue
-            n = min(seq.num_pending_tokens, budget)
-            if not self._grow(seq, n, out, scheduled_ids):
-                break  # seq itself was preempted: everything after it is newer
-            out.scheduled.append(ScheduledSequence(seq, n))
-            scheduled_ids.add(id(seq))
-            budget -= n
-            prefills += is_prefill
-            i += 1
+            if not self._grow(unit, work, out, scheduled_ids):
+                break  # the unit itself was preempted: everything after it is newer
+            out.scheduled += work
+            scheduled_ids.update(id(w.seq) for w in work)
+            budget -= sum(w.num_new_tokens for w in work)
+            prefills += sum(w.seq.num_pending_tokens > 1 for w in work)
         if out.preempted:
             return out  # blocks are short: admit nobody new this step
         held = 0  # sibling samples waiting for their lead's prompt stay in place
-        while held < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_batch_size:
+        while held < len(self.waiting) and budget > 0:
             if prefills >= self.config.max_prefill_batch_size:
                 break
             seq = self.waiting[held]
             if not seq.admissible:
                 held += 1
                 continue
+            unit = seq.lockstep or [seq]
+            if self._batch_size() + _width(unit) > self.config.max_batch_size:
+                break
+            work = self._admit(unit, budget, prefills)
+            if work is None:
+                break  # strict priority order: nobody jumps the queue
+            out.scheduled += work
+            budget -= sum(w.num_new_tokens for w in work)
+            prefills += len(work)
+        return out
+
+    def _batch_size(self) -> int:
+        """Running sequences, a beam group still at its prompt counted at its full width."""
+        return sum(_width(s.lockstep) if s.lockstep is not None and len(s.lockstep) == 1 else 1
+                   for s in self.running)
+
+    def _share(self, unit: list[Sequence], budget: int, prefills: int) -> list[ScheduledSequence]:
+        """The unit's tokens for this step, in order, within the budget and the prefill-batch
+        limit; beams already fully computed (waiting for their siblings) take none."""
+        work = []
+        for seq in unit:
+            is_prefill = seq.num_pending_tokens > 1
+            if is_prefill and prefills >= self.config.max_prefill_batch_size:
+                continue
+            n = min(seq.num_pending_tokens, budget)
+            if n > 0:
+                work.append(ScheduledSequence(seq, n))
+                budget -= n
+                prefills += is_prefill
+        return work
+
+    def _grow(self, unit: list[Sequence], work: list[ScheduledSequence], out: SchedulerOutput,
+              scheduled_ids: set[int]) -> bool:
+        """Gets blocks, and the copy-on-write copies of shared ones, for the unit's scheduled tokens,
+        preempting the newest unscheduled lower-or-equal priority units if needed. False if the
+        unit had to be preempted itself or the preemption limit was reached."""
+        writes = [(w.seq.seq_id, w.seq.num_computed_tokens, w.seq.num_computed_tokens + w.num_new_tokens)
+                  for w in work]
+        while self.blocks.blocks_to_write(writes) > self.blocks.num_free_blocks():
+            victim = self.running[-1]
+            victims = victim.lockstep or [victim]
+            if any(id(v) in scheduled_ids for v in victims):
+                raise RuntimeError("KV cache too small for the sequences already scheduled this step")
+            own = victim in unit
+            if not own and len(out.preempted) >= self.config.max_preempt_count:
+                return False
+            for v in list(victims):
+                self._preempt(v)
+                out.preempted.append(v)
+            if own:
+                return False
+        for (seq_id, start, end), w in zip(writes, work):
+            self.blocks.allocate(seq_id, w.seq.token_ids, end)  # cannot fail: counted above
+            out.block_copies += self.blocks.prepare_write(seq_id, start, end)
+        return True
+
+    def _admit(self, unit: list[Sequence], budget: int, prefills: int) -> list[ScheduledSequence] | None:
+        """Moves a waiting unit to running with blocks for its prefix-cache hit plus this step's
+        tokens, or returns None if the blocks are not there (a beam group never runs in part: the
+        members already given blocks give them back). Members past the budget or the
+        prefill-batch limit enter with no tokens this step."""
+        plans: list[tuple[int, int]] = []  # (reused tokens, tokens this step) per member
+        for seq in unit:
             cached = self.blocks.match_prefix(seq.token_ids).num_tokens
-            n = min(len(seq.token_ids) - cached, budget)
+            n = min(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
             reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n)
             if reused is None:
-                break  # strict priority order: nobody jumps the queue
-            self.waiting.pop(held)
+                for done in unit[: len(plans)]:
+                    self.blocks.free(done.seq_id)
+                return None
+            plans.append((reused, n))
+            budget -= n
+            prefills += n > 0
+        work = []
+        for seq, (reused, n) in zip(unit, plans):
+            self.waiting.remove(seq)
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             seq.num_computed_tokens = reused
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = reused
-            n = min(len(seq.token_ids) - reused, budget)
             seq.status = SequenceStatus.RUNNING
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
-            out.scheduled.append(ScheduledSequence(seq, n))
-            budget -= n
-            prefills += 1
-        return out
-
-    def _grow(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled_ids: set[int]) -> bool:
-        """Gets blocks for n more tokens of a running seq, preempting the newest unscheduled
-        lower-or-equal priority sequences if needed. False if seq had to be preempted itself."""
-        target = seq.num_computed_tokens + n
-        while self.blocks.allocate(seq.seq_id, seq.token_ids, target) is None:
-            victim = self.running[-1]
-            if id(victim) in scheduled_ids:
-                raise RuntimeError("KV cache too small for the sequences already scheduled this step")
-            if victim is not seq and len(out.preempted) >= self.config.max_preempt_count:
-                return False
-            self._preempt(victim)
-            out.preempted.append(victim)
-            if victim is seq:
-                return False
-        return True
+            if n > 0:
+                work.append(ScheduledSequence(seq, n))
+        return work
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, keep the tokens; the sequence re-enters the queue at
@@ -149,3 +220,8 @@ class Scheduler:
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
             self.blocks.commit(s.seq.seq_id, s.seq.token_ids, s.seq.num_computed_tokens)
+
+
+def _width(unit: list[Sequence]) -> int:
+    """Batch places a unit takes: a beam group's prompt forks into W beams at its first step."""
+    return max(len(unit), unit[0].request.params.num_samples) if unit[0].lockstep is not None else len(unit)

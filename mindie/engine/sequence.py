@@ -1,4 +1,4 @@
-"""A request's runtime state inside the engine (one sequence per request for now)."""
+"""A request's runtime state inside the engine: one sequence per sample, or per live beam."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ class Sequence:
     # Sibling samples wait until sample 0 has computed the prompt, then share its full prompt
     # blocks through the prefix cache instead of prefilling the same tokens again.
     admit_after: Sequence | None = None
+    # The live beams of a beam-search request, this one included: one list shared by all of them,
+    # kept in the search's row order by the engine. The scheduler admits, schedules and preempts
+    # them as one unit, and a beam step waits until every one of them is fully computed.
+    lockstep: list[Sequence] | None = None
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     status: SequenceStatus = SequenceStatus.WAITING

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from mindie import ops
 from mindie.engine.block_manager import BlockManager
 from mindie.engine.scheduler import SchedulerOutput
 from mindie.engine.sequence import Sequence
@@ -20,6 +21,11 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
         """Runs the scheduled tokens. Returns next-token logits [rows, vocab] for the sequences
         whose every token is computed after this step (mid-prefill chunks produce no row)."""
+        if out.block_copies:  # copy-on-write before this step writes into the copies
+            mapping = torch.tensor(out.block_copies, dtype=torch.int64)
+            for k_cache, v_cache in self.kv_caches:
+                ops.copy_blocks(k_cache, k_cache, mapping)
+                ops.copy_blocks(v_cache, v_cache, mapping)
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []

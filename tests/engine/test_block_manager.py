@@ -185,6 +185,24 @@ def test_fork_and_copy_on_write():
     m.check_invariants()
 
 
+def test_blocks_to_write_counts_a_shared_block_once_per_extra_holder():
+    m = BlockManager(12, BS)
+    run(m, "p", toks(6), 6)  # [0, 1]: block 1 half full
+    m.fork("p", "b")
+    m.fork("p", "c")  # block 1 held by three tables
+    assert m.blocks_to_write([("p", 6, 7)]) == 1
+    assert m.blocks_to_write([("p", 6, 7), ("b", 6, 7)]) == 2
+    assert m.blocks_to_write([("p", 6, 7), ("b", 6, 7), ("c", 6, 7)]) == 2  # the last one writes in place
+    assert m.blocks_to_write([("p", 6, 10)]) == 2  # a copy of block 1 plus a new block for 8..9
+    before = state(m)
+    copies = [pair for seq in ("p", "b", "c") for pair in m.prepare_write(seq, 6, 7)]
+    assert copies == [(1, 2), (1, 3)] and m.block_table("c") == [0, 1]
+    assert state(m) != before and m.blocks_to_write([("p", 6, 7), ("b", 6, 7), ("c", 6, 7)]) == 0
+    m.allocate("p", toks(6), 10)
+    assert m.prepare_write("p", 6, 10) == [] and len(m.block_table("p")) == 3
+    m.check_invariants()
+
+
 def test_copy_on_write_errors_change_nothing():
     m = BlockManager(2, BS)
     m.allocate("p", toks(6), 6)

@@ -25,12 +25,12 @@ def plan(out: SchedulerOutput) -> list[tuple[str, int]]:
     return [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled]
 
 
-def decode_step(sched: Scheduler, out: SchedulerOutput, token: int = 7) -> None:
+def decode_step(sched: Scheduler, out: SchedulerOutput, token: int | None = 7) -> None:
     """What the engine does after the model step: advance, then append a token to every
-    sequence whose pending tokens are all computed."""
+    sequence whose pending tokens are all computed (token None: the test appends)."""
     sched.after_step(out)
     for s in out.scheduled:
-        if s.seq.num_computed_tokens == len(s.seq.token_ids):
+        if token is not None and s.seq.num_computed_tokens == len(s.seq.token_ids):
             s.seq.token_ids.append(token)
     sched.blocks.check_invariants()
 
@@ -116,3 +116,103 @@ def test_remove_in_any_phase_frees_everything():
     assert not sched.has_unfinished()
     assert sched.blocks.num_used_blocks() == 0
     sched.blocks.check_invariants()
+
+
+def beam_group(rid: str, prompt_len: int, width: int, arrival: float = 0.0) -> list[Sequence]:
+    """A beam request after its first beam step, as the engine leaves it: the prompt sequence
+    computed, `width - 1` forks of it, each beam with one new token appended."""
+    head = seq(rid, prompt_len, arrival=arrival)
+    head.lockstep = [head]
+    return head.lockstep
+
+
+def fork_all(sched: Scheduler, group: list[Sequence], width: int, first: int = 1) -> None:
+    head = group[0]
+    for k in range(1, width):
+        child = Sequence(head.request, first + k, 0, head.max_total_tokens, None, token_ids=list(head.token_ids),
+                         num_computed_tokens=head.num_computed_tokens, lockstep=group)
+        sched.fork(head, child)
+        group.append(child)
+    for k, s in enumerate(group):
+        s.token_ids.append(200 + k)
+
+
+def test_beam_group_decodes_together_with_copy_on_write():
+    sched = make(max_prefill_tokens=64)
+    group = beam_group("b", 6, 3)
+    sched.add(group[0])
+    out = sched.schedule()
+    decode_step(sched, out, token=None)  # the prompt, fully computed: the engine's beam step next
+    assert plan(out) == [("b#0", 6)]
+    fork_all(sched, group, 3)
+    assert [s.seq_id for s in sched.running] == ["b#0", "b#3", "b#2"]  # forks right after their parent
+    out = sched.schedule()
+    assert sorted(plan(out)) == [("b#0", 1), ("b#2", 1), ("b#3", 1)]
+    # Block 1 (positions 4..7) is shared three ways: two copies (in the group's order), and the
+    # last holder writes in place.
+    assert out.block_copies == [(1, 2), (1, 3)]
+    tables = {s.seq_id: sched.blocks.block_table(s.seq_id) for s in group}
+    assert tables == {"b#0": [0, 2], "b#2": [0, 3], "b#3": [0, 1]}
+    decode_step(sched, out, token=None)
+
+
+def test_beam_group_is_preempted_and_readmitted_whole():
+    sched = make(num_blocks=8, max_prefill_tokens=64)
+    old = seq("old", 8, arrival=0)
+    group = beam_group("b", 6, 3, arrival=1)
+    sched.add(old)
+    sched.add(group[0])
+    out = sched.schedule()
+    decode_step(sched, out, token=None)
+    fork_all(sched, group, 3)  # old: blocks 0, 1; b: 2, 3, shared three ways
+    old.token_ids.append(7)
+    out = sched.schedule()  # old needs block 4 for position 8, b two copies of block 3
+    assert sorted(plan(out)) == [("b#0", 1), ("b#2", 1), ("b#3", 1), ("old#0", 1)]
+    assert len(out.block_copies) == 2
+    for _ in range(2):
+        decode_step(sched, out)
+        out = sched.schedule()
+    # Each beam now needs a block for position 8, and only block 7 is free: the group goes.
+    assert plan(out) == [("old#0", 1)]
+    assert [s.seq_id for s in out.preempted] == ["b#0", "b#2", "b#3"]
+    assert all(s.status is SequenceStatus.WAITING and s.num_computed_tokens == 0 for s in group)
+    decode_step(sched, out)
+    sched.remove(old)
+    out = sched.schedule()  # all three back at once; their full blocks come from the prefix cache
+    assert plan(out) == [("b#0", 1), ("b#2", 1), ("b#3", 1)]
+    assert not sched.waiting and [s.num_computed_tokens for s in group] == [8, 8, 8]
+    decode_step(sched, out, token=None)
+
+
+def test_beam_group_admission_is_all_or_nothing():
+    sched = make(num_blocks=5, max_prefill_tokens=64)
+    group = beam_group("b", 6, 3)
+    sched.add(group[0])
+    out = sched.schedule()
+    decode_step(sched, out, token=None)
+    fork_all(sched, group, 3)
+    for s in group:
+        sched._preempt(s)
+    sched.blocks.allocate("filler", [0] * 8, 8)
+    # Block 0 (the prompt head, cached, shared by all three) + blocks 3 and 4 free: two beams
+    # could start, three cannot, so none does.
+    out = sched.schedule()
+    assert plan(out) == [] and len(sched.waiting) == 3 and not sched.running
+    assert sched.blocks.num_used_blocks() == 2 and sched.blocks.num_cached_blocks() == 1
+    sched.blocks.check_invariants()
+    sched.blocks.free("filler")
+    assert sorted(plan(sched.schedule())) == [("b#0", 3), ("b#2", 3), ("b#3", 3)]
+
+
+def test_beam_group_larger_than_the_budget_is_split():
+    sched = make(max_prefill_tokens=2)
+    group = beam_group("b", 2, 3)
+    sched.add(group[0])
+    out = sched.schedule()
+    decode_step(sched, out, token=None)
+    fork_all(sched, group, 3)
+    out = sched.schedule()
+    assert plan(out) == [("b#0", 1), ("b#2", 1)]  # in the group's (the search's) order
+    decode_step(sched, out, token=None)
+    out = sched.schedule()  # the computed beams wait: only the last one runs
+    assert plan(out) == [("b#3", 1)]
