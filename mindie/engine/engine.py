@@ -88,6 +88,8 @@ class LLMEngine:
                 f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
             )
         base_seed = params.seed if params.seed is not None else secrets.randbits(63)
+        if request.grammar is not None and params.use_beam_search:
+            raise ValueError("use_beam_search cannot be combined with structured output or required tool calls")
         if params.use_beam_search:
             self._add_beam_search(request, max_total, base_seed)
             return
@@ -101,8 +103,9 @@ class LLMEngine:
                 include_stop_str_in_output=request.params.include_stop_str_in_output,
             )
             seed = (base_seed + index) % 2**63  # distinct, reproducible draws per sample
+            matcher = request.grammar.matcher() if request.grammar is not None else None
             samples.append(Sequence(request, index, seed, max_total, detok,
-                                    admit_after=samples[0] if samples else None))
+                                    admit_after=samples[0] if samples else None, matcher=matcher))
         self.requests[request.request_id] = samples
         for seq in samples:
             self.scheduler.add(seq)
@@ -242,6 +245,9 @@ class LLMEngine:
                 seq.first_token_time = now
             delta = seq.detokenizer.append([token])
             reason = self._finish_reason(seq, token, delta.stop_string is not None)
+            if reason is None and seq.matcher is not None and (not seq.matcher.advance(token)
+                                                               or seq.matcher.is_finished()):
+                reason = FinishReason.EOS  # the value is complete (the mask allows nothing else)
             if reason is None:
                 outputs.append(self._output(seq, [token], [lp], delta.text, None, batch_size))
             else:

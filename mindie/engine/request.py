@@ -12,8 +12,12 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-probabilities
+
+if TYPE_CHECKING:
+    from mindie.structured.grammar import Grammar
 
 MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024  # bound the work a request sizes
@@ -116,6 +120,9 @@ class EngineRequest:
     timeout_s: float | None = None  # from arrival; None: no limit
     arrival_time: float = field(default_factory=time.monotonic)
     prompt_text: str | None = None
+    # What every sample's output must follow (a compiled mindie.structured Grammar): the sampler
+    # masks each step's logits to the tokens it allows, and the sample ends when it is complete.
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)

@@ -30,6 +30,7 @@ class Sequence:
     # kept in the search's row order by the engine. The scheduler admits, schedules and preempts
     # them as one unit, and a beam step waits until every one of them is fully computed.
     lockstep: list[Sequence] | None = None
+    matcher: Any = None  # this sample's GrammarMatcher when its request has a grammar
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     status: SequenceStatus = SequenceStatus.WAITING

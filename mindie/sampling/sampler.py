@@ -3,7 +3,8 @@
 Order (kernels/cpu/sampling.h): repetition penalty over prompt + output, presence and frequency
 penalties over output, temperature (0 = greedy), top-k, top-p, then one seeded Philox draw per row
 keyed by (seed, number of tokens generated so far), so a seeded request gets the same tokens in
-any batch. Log-probabilities are of the raw logits.
+any batch. Log-probabilities are of the raw logits, after a grammar's mask when the request
+has one (a disallowed token has log-probability -inf).
 """
 
 from __future__ import annotations
@@ -22,7 +23,23 @@ def _csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(flat, dtype=torch.int64), torch.tensor(offsets, dtype=torch.int64)
 
 
+def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Masks the rows of constrained samples to the tokens their grammar allows next; free rows
+    (mask index -1) share the kernel call untouched."""
+    rows = [r for r, s in enumerate(seqs) if s.matcher is not None]
+    if not rows:
+        return
+    words = seqs[rows[0]].matcher.bitmask_words
+    bitmask = torch.empty(len(rows), words, dtype=torch.int32)
+    mask_index = torch.full((len(seqs),), -1, dtype=torch.int32)
+    for k, r in enumerate(rows):
+        seqs[r].matcher.fill_bitmask(bitmask[k])
+        mask_index[r] = k
+    ops.apply_token_bitmask(logits, bitmask, mask_index)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> ops.SampleOutput:
+    _apply_grammars(logits, seqs)
     params = [s.request.params for s in seqs]
     temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
     kwargs: dict = {}

@@ -144,8 +144,11 @@ class Result:
     decode_ms: list[float] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, num_samples: int) -> Result:
-        return cls([SampleResult(i) for i in range(num_samples)])
+    def empty(cls, params: SamplingParams) -> Result:
+        """Room for every sample the request produces: best_of (or n) samples, or the n
+        hypotheses a beam search returns."""
+        count = params.n if params.use_beam_search else params.num_samples
+        return cls([SampleResult(i) for i in range(count)])
 
     def add(self, item: StreamItem) -> None:
         out = item.output
@@ -263,7 +266,7 @@ class Serving:
         self.in_flight[request_id] = gen.user_id
         self.metrics.received(len(gen.prompt_ids))
         request = EngineRequest(request_id, gen.prompt_ids, gen.params, priority=gen.priority,
-                                prompt_text=gen.prompt_text)
+                                prompt_text=gen.prompt_text, grammar=gen.grammar)
         try:
             outputs = await self.engine.add_request(request)
         except ValueError as exc:
@@ -291,7 +294,7 @@ class Serving:
 
     async def collect(self, request: Request, stream: OutputStream) -> Result:
         """Folds a whole request, aborting it if the client goes away first."""
-        result = Result.empty(stream.gen.params.num_samples)
+        result = Result.empty(stream.gen.params)
 
         async def fold() -> Result:
             async for item in stream:

@@ -39,6 +39,10 @@ class GrammarMatcher:
         self._matcher = matcher
         self._words = bitmask_words
 
+    @property
+    def bitmask_words(self) -> int:
+        return self._words
+
     def fill_bitmask(self, out_row: torch.Tensor) -> None:
         """Write the allowed next tokens into ``out_row`` (int32 [bitmask_words], contiguous):
         bit ``j`` of word ``w`` set = token ``32 * w + j`` allowed. Once the value is complete only
@@ -164,8 +168,9 @@ class GrammarCompiler:
     # --- internals -----------------------------------------------------------------------------
 
     def _compile(self, schema_json: str) -> Grammar:
+        bounded = json.dumps(bound_schema(json.loads(schema_json)), ensure_ascii=False)
         try:
-            text = llguidance.LLMatcher.grammar_from_json_schema(schema_json, overrides=_JSON_OPTIONS)
+            text = llguidance.LLMatcher.grammar_from_json_schema(bounded, overrides=_JSON_OPTIONS)
         except ValueError as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
         matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
@@ -178,6 +183,28 @@ class GrammarCompiler:
         if probe.is_error():
             raise GrammarError(f"invalid JSON schema: {probe.get_error()}")
         return Grammar(matcher, self.bitmask_words)
+
+
+MAX_FREE_STRING = 256  # characters
+
+
+def bound_schema(schema: Any) -> Any:
+    """The schema the output is generated under: every string with no length bound, pattern,
+    format, enum or const gets maxLength MAX_FREE_STRING, and an object that lists its properties
+    but says nothing of others gets only those. A sampling model can otherwise stay inside one
+    string, or keep inventing keys, until max_tokens cuts the value off unfinished. Whatever the
+    bounded schema allows, the original allows too."""
+    if isinstance(schema, list):
+        return [bound_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_schema(v) for k, v in schema.items()}
+    if out.get("type") == "string" and not any(k in out for k in ("maxLength", "pattern", "format", "enum",
+                                                                     "const")):
+        out["maxLength"] = MAX_FREE_STRING
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def tool_call_schema(tools: Mapping[str, Mapping[str, Any] | None], parallel: bool = False) -> dict[str, Any]:

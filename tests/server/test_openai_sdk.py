@@ -7,20 +7,6 @@ import random
 import httpx
 import openai
 import pytest
-from helpers.server import RunningServer, local_settings
-
-from mindie.config import EngineConfig
-
-
-@pytest.fixture(scope="module")
-def smol_server():
-    settings = local_settings(None)
-    from dataclasses import replace
-
-    server = RunningServer(replace(settings, engine=EngineConfig(num_kv_blocks=64, max_seq_len=1024,
-                                                                 max_iter_times=64)))
-    yield server
-    server.close()
 
 
 @pytest.fixture(scope="module")

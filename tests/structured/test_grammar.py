@@ -240,3 +240,20 @@ def test_cache_is_bounded_lru_keyed_by_canonical_json(tok):
     assert compiler.json_schema(reordered) is not grammars[2]  # key order is part of the key
     with pytest.raises(ValueError, match="cache_size"):
         GrammarCompiler(tok, cache_size=0)
+
+
+def test_bound_schema_caps_free_strings_and_closes_listed_objects():
+    from mindie.structured.grammar import MAX_FREE_STRING, bound_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string", "maxLength": 5}, "c": {"type": "string", "enum": ["x"]},
+        "d": {"type": "array", "items": {"type": "object", "properties": {"e": {"type": "string"}}}},
+        "f": {"type": "object"}}}
+    out = bound_schema(schema)
+    assert out["properties"]["a"]["maxLength"] == MAX_FREE_STRING
+    assert out["properties"]["b"]["maxLength"] == 5 and "maxLength" not in out["properties"]["c"]
+    assert out["additionalProperties"] is False
+    assert out["properties"]["d"]["items"]["additionalProperties"] is False
+    assert out["properties"]["d"]["items"]["properties"]["e"]["maxLength"] == MAX_FREE_STRING
+    assert "additionalProperties" not in out["properties"]["f"]  # a free-form object stays free
+    assert schema["properties"]["a"] == {"type": "string"}  # the caller's schema is untouched

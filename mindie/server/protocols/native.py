@@ -112,7 +112,7 @@ async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
         return json_response(out)
 
     async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(1)
+        result = Result.empty(gen.params)
         async for item in stream:
             result.add(item)
             out = item.output

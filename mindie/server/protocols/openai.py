@@ -262,7 +262,7 @@ async def _start_all(ctx: Serving, gens: list[Generation]) -> list[OutputStream]
 async def _collect_all(ctx: Serving, request: Request, streams: list[OutputStream]) -> list[Result]:
     if len(streams) == 1:
         return [await ctx.collect(request, streams[0])]
-    results = [Result.empty(s.gen.params.num_samples) for s in streams]
+    results = [Result.empty(s.gen.params) for s in streams]
 
     async def fold() -> list[Result]:
         async for k, item in _merge(streams):
@@ -303,7 +303,7 @@ def _message(req: ChatRequest, text: str) -> tuple[dict[str, Any], bool]:
     if not _reads_calls(req):
         return {"role": "assistant", "content": text, "tool_calls": []}, False
     parsed = parse_tool_calls(text, [t.function.name for t in req.tools or ()])
-    calls = [c.to_openai() for c in parsed.calls]
+    calls = [c.to_openai() for c in parsed.tool_calls]
     return {"role": "assistant", "content": parsed.content if parsed.content or not calls else None,
             "tool_calls": calls}, bool(calls)
 
@@ -348,7 +348,7 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
         return out
 
     async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(gen.params.num_samples)
+        result = Result.empty(gen.params)
         for i in range(gen.params.n):
             yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
@@ -430,7 +430,7 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     async def events():  # type: ignore[no-untyped-def]
-        results = [Result.empty(params.num_samples) for _ in streams]
+        results = [Result.empty(params) for _ in streams]
         offsets = {}
         if req.echo:
             for k in range(len(streams)):

@@ -117,7 +117,7 @@ async def _run(ctx: Serving, request: Request, req: TGIRequest, stream: bool, wr
         return json_response([body] if wrap_in_list else body)
 
     async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(1)
+        result = Result.empty(gen.params)
         async for item in out_stream:
             result.add(item)
             out, s = item.output, result.samples[0]

@@ -112,7 +112,7 @@ async def _text(ctx: Serving, request: Request, body: bytes, stream: bool) -> Re
         return json_response(body_out)
 
     async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(1)
+        result = Result.empty(gen.params)
         async for item in out_stream:
             result.add(item)
             out = item.output

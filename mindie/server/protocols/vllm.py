@@ -1,7 +1,7 @@
 """The vLLM 0.2.6-compatible POST /generate (body with `prompt`), plus vLLM's tokenizer routes
 (/tokenize, /detokenize, /tokenizer_info) that evaluation tools use instead of a local tokenizer."""
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from starlette.requests import Request
@@ -47,7 +47,7 @@ class SamplingFields(Body):
     best_of: Samples | None = None
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    early_stopping: bool = False
+    early_stopping: bool | Literal["never"] = False
 
     def sampling_params(self, ctx: Serving, logprobs: int | None = None, max_tokens: int | None = None,
                         stream: bool = False) -> SamplingParams:
@@ -108,7 +108,7 @@ async def generate(ctx: Serving, request: Request, req: VLLMRequest) -> Response
         return json_response({"text": [f"{text} {s.text}" for s in result.best(n)]})
 
     async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(gen.params.num_samples)
+        result = Result.empty(gen.params)
         async for item in stream:
             result.add(item)
             out = item.output

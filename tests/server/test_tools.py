@@ -1,0 +1,147 @@
+"""Tool calling and structured output with the embedded model: when a call or a schema is
+required, every answer parses and validates."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+MODEL = "SmolLM2-135M-Instruct"
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",
+                                                                          "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+BOOKING = {"type": "function", "function": {"name": "book_table", "parameters": {
+    "type": "object", "properties": {
+        "restaurant": {"type": "string"},
+        "party": {"type": "object", "properties": {"adults": {"type": "integer"}, "children": {"type": "integer"}},
+                  "required": ["adults"]},
+        "times": {"type": "array", "items": {"type": "string", "enum": ["18:00", "19:00", "20:00"]}, "minItems": 1,
+                  "maxItems": 3}},
+    "required": ["restaurant", "party", "times"]}}}
+SEARCH = {"type": "function", "function": {"name": "search", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"},
+                                     "exact": {"type": "boolean"}}, "required": ["query"]}}}
+TOOLS = [WEATHER, BOOKING, SEARCH]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+QUESTIONS = ["What's the weather in Paris?", "Book a table at Luigi's for two adults at 7pm.",
+             "Find recent papers about paged attention.", "Is it cold in Oslo today?", "Help me plan dinner."]
+
+
+def chat(server, body):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 400, **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _required_call(server, seed):
+    tools = [TOOLS[seed % 3], TOOLS[(seed + 1) % 3]] if seed % 2 else TOOLS
+    return chat(server, {"messages": [{"role": "user", "content": QUESTIONS[seed % len(QUESTIONS)]}],
+                         "tools": tools, "tool_choice": "required", "temperature": 1.0, "seed": seed}), tools
+
+
+def test_required_tool_calls_always_parse_and_validate(smol_server):
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda s: _required_call(smol_server, s), range(50)))
+    for body, tools in results:
+        choice = body["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        [call] = choice["message"]["tool_calls"]
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        name = call["function"]["name"]
+        assert name in {t["function"]["name"] for t in tools}
+        jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[name])
+
+
+def test_named_function_is_the_one_called(smol_server):
+    body = chat(smol_server, {"messages": [{"role": "user", "content": "Hello!"}], "tools": TOOLS, "seed": 1,
+                              "tool_choice": {"type": "function", "function": {"name": "search"}}})
+    [call] = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "search"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS["search"])
+
+
+def test_json_schema_response_format_always_validates(smol_server):
+    # Bounded strings: an unbounded one lets a sampling model ramble past max_tokens, and an output
+    # cut off by max_tokens ends with finish_reason "length", incomplete, as OpenAI's does.
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+        "pets": {"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {
+            "kind": {"type": "string", "enum": ["cat", "dog", "fish"]}, "name": {"type": "string", "maxLength": 20}},
+            "required": ["kind"]}}}, "required": ["name", "age", "pets"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+
+    def one(seed):
+        return chat(smol_server, {"messages": [{"role": "user", "content": "Describe a person and their pets."}],
+                                  "response_format": fmt, "temperature": 1.0, "seed": seed})
+
+    with ThreadPoolExecutor(8) as pool:
+        for body in pool.map(one, range(50)):
+            choice = body["choices"][0]
+            assert choice["finish_reason"] == "stop", choice
+            jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+    obj = chat(smol_server, {"messages": [{"role": "user", "content": "Give me JSON."}],
+                             "response_format": {"type": "json_object"}, "seed": 3})
+    assert isinstance(json.loads(obj["choices"][0]["message"]["content"]), dict)
+
+
+def test_streamed_tool_call_equals_the_non_streamed_one(smol_server):
+    body = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "tools": TOOLS, "tool_choice": "required",
+            "temperature": 0.8, "seed": 5}
+    full = chat(smol_server, body)["choices"][0]
+    r = httpx.post(smol_server.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 200, **body,
+                                                                   "stream": True, "max_tokens": 400}, timeout=300)
+    chunks = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+    calls: dict[int, dict] = {}
+    for c in chunks:
+        for tc in c["choices"][0]["delta"].get("tool_calls") or []:
+            entry = calls.setdefault(tc["index"], {"id": tc.get("id"), "name": "", "arguments": ""})
+            entry["name"] += tc["function"].get("name") or ""
+            entry["arguments"] += tc["function"].get("arguments") or ""
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    [expected] = full["message"]["tool_calls"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+        (expected["function"]["name"], json.loads(expected["function"]["arguments"]))]
+
+
+def test_openai_sdk_parses_tool_calls(smol_server):
+    client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTIONS[0]}],
+                                       tools=TOOLS, tool_choice="required", seed=2, max_tokens=400)
+    call = r.choices[0].message.tool_calls[0]
+    assert isinstance(json.loads(call.function.arguments), dict)
+    # the call and its result go back in as the next turn
+    follow = client.chat.completions.create(model=MODEL, max_tokens=20, tools=TOOLS, messages=[
+        {"role": "user", "content": QUESTIONS[0]},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}])
+    assert follow.choices[0].message is not None
+
+
+def test_tool_choice_none_never_returns_calls(smol_server):
+    body = chat(smol_server, {"messages": [{"role": "user", "content": QUESTIONS[0]}], "tools": TOOLS,
+                              "tool_choice": "none", "max_tokens": 30, "temperature": 0})
+    assert body["choices"][0]["message"]["tool_calls"] == []
+    assert body["choices"][0]["finish_reason"] != "tool_calls"
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters.type"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+])
+def test_bad_tools_and_schemas_are_400(smol_server, change, param):
+    r = httpx.post(smol_server.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], **change}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert param in r.json()["error"]["message"], r.json()
