@@ -216,3 +216,21 @@ def test_cors_preflight_is_answered(tiny_server):
         "Origin": "http://example.com", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "content-type,authorization"})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] in ("*", "http://example.com")
+
+
+def test_completions_beam_search(tiny_server):
+    body = {"model": "tiny", "prompt": "abc", "max_tokens": 6, "n": 2, "best_of": 3, "use_beam_search": True,
+            "temperature": 0, "length_penalty": 1.0}
+    r = post(tiny_server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1] and choices[0]["text"] != choices[1]["text"]
+    s = post(tiny_server, "/v1/completions", {**body, "stream": True})
+    events = [json.loads(e) for e in sse_events(s)[:-1]]
+    streamed = {}
+    for e in events:
+        for c in e["choices"]:
+            streamed[c["index"]] = streamed.get(c["index"], "") + c["text"]
+    assert streamed == {c["index"]: c["text"] for c in choices}
+    bad = post(tiny_server, "/v1/completions", {**body, "stop": ["x"]})
+    assert bad.status_code == 400 and "stop" in bad.json()["error"]["message"]

@@ -93,7 +93,7 @@ def test_streamed_tool_call_equals_the_non_streamed_one(smol_server):
     body = {"messages": [{"role": "user", "content": QUESTIONS[1]}], "tools": TOOLS, "tool_choice": "required",
             "temperature": 0.8, "seed": 5}
     full = chat(smol_server, body)["choices"][0]
-    r = httpx.post(smol_server.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 200, **body,
+    r = httpx.post(smol_server.url + "/v1/chat/completions", json={"model": MODEL, **body,
                                                                    "stream": True, "max_tokens": 400}, timeout=300)
     chunks = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
     calls: dict[int, dict] = {}
