@@ -123,14 +123,15 @@ class BlockManager:
 
     # --- allocation -------------------------------------------------------------------------
 
-    def _plan(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> _Plan | None:
+    def _plan(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True
+              ) -> _Plan | None:
         """What `allocate` would do, or None if not enough blocks are obtainable now."""
         seq = self._seqs.get(seq_id)
         if seq is not None:
             reuse, hashes = [], []
             need = max(self.num_blocks_needed(num_tokens) - len(seq.table), 0)
         else:
-            reuse, hashes = self._match(token_ids)
+            reuse, hashes = self._match(token_ids) if reuse_prefix else ([], [])
             keep = min(len(reuse), num_tokens // self.block_size)
             reuse, hashes = reuse[:keep], hashes[:keep]
             need = self.num_blocks_needed(num_tokens) - keep
@@ -141,7 +142,8 @@ class BlockManager:
         """Whether `allocate` with the same arguments would succeed now. Modifies nothing."""
         return self._plan(seq_id, token_ids, num_tokens) is not None
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> int | None:
+    def allocate(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True
+                 ) -> int | None:
         """Make seq_id own blocks covering positions [0, num_tokens).
 
         First call for seq_id: reuses the prefix match of token_ids (capped at num_tokens rounded
@@ -149,8 +151,9 @@ class BlockManager:
         which the caller need not compute. Later calls only extend the table and return 0 (the
         table never shrinks; token_ids is then unused). Returns None, changing nothing, if not
         enough blocks are obtainable - test the result with `is None`, 0 is a success.
+        `reuse_prefix=False` computes everything (prompt log-probabilities need every position).
         """
-        plan = self._plan(seq_id, token_ids, num_tokens)
+        plan = self._plan(seq_id, token_ids, num_tokens, reuse_prefix)
         if plan is None:
             return None
         reuse, hashes, need = plan

@@ -27,7 +27,7 @@ from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, To
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
 from mindie.model.loader import LoadedModel
-from mindie.model.runner import ModelRunner
+from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
 
@@ -138,7 +138,9 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled.scheduled:
             return outputs
-        logits, seqs = self.runner.execute(scheduled)
+        logits, seqs, prompt_logits = self.runner.execute(scheduled)
+        for span in prompt_logits:
+            self._record_prompt_logprobs(span)
         self.scheduler.after_step(scheduled)
         if seqs:
             outputs += self._update(seqs, logits, batch_size=len(scheduled.scheduled))
@@ -254,6 +256,19 @@ class LLMEngine:
                 outputs.append(self._finish(seq, reason, [token], [lp], delta.text, batch_size))
         return outputs
 
+    def _record_prompt_logprobs(self, span: PromptLogits) -> None:
+        seq, n_top = span.seq, span.seq.request.params.prompt_logprobs or 0
+        prompt = seq.request.prompt_token_ids
+        if seq.prompt_logprobs is None:
+            seq.prompt_logprobs = [None] * len(prompt)
+        lps = torch.log_softmax(span.logits.float(), dim=-1)
+        targets = torch.tensor(prompt[span.first_position + 1 : span.first_position + 1 + len(lps)])
+        chosen = lps.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        top_lp, top_id = lps.topk(n_top, dim=-1) if n_top else (None, None)
+        for i, (token, lp) in enumerate(zip(targets.tolist(), chosen)):
+            top = list(zip(top_id[i].tolist(), top_lp[i].tolist())) if n_top else []
+            seq.prompt_logprobs[span.first_position + 1 + i] = TokenLogprob(token, lp, top)
+
     def _finish_reason(self, seq: Sequence, token: int, stop_string_hit: bool) -> FinishReason | None:
         params = seq.request.params
         if stop_string_hit:
@@ -296,4 +311,5 @@ class LLMEngine:
             first_token_latency_s=(seq.first_token_time - seq.request.arrival_time) if first else None,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
             request_done=request_done,
+            prompt_logprobs=seq.prompt_logprobs if first and seq.index == 0 else None,
         )

@@ -54,6 +54,9 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-N log-probabilities per token, 0..20; None: none
+    # Log-probabilities of the prompt's tokens (each given the tokens before it) with top-N, 0..20;
+    # None: none. The prompt is then computed in full, never taken from the prefix cache.
+    prompt_logprobs: int | None = None
     n: int = 1  # samples returned
     best_of: int | None = None  # samples generated (>= n); the n with the best cumulative logprob return
     # Beam search with width best_of or n, returning the n best hypotheses when the request ends
@@ -78,6 +81,8 @@ class SamplingParams:
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "in [0, 2^63)", self.seed)
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
                f"in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS, "prompt_logprobs",
+               f"in [0, {MAX_TOP_LOGPROBS}]", self.prompt_logprobs)
         _check(len(self.stop) <= MAX_STOP_STRINGS and all(
             isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop),
             "stop", f"at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_CHARS} characters",
@@ -99,6 +104,7 @@ class SamplingParams:
             for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0),
                                   ("frequency_penalty", 0.0)):
                 _check(getattr(self, name) == neutral, name, f"{neutral} with use_beam_search", getattr(self, name))
+            _check(self.prompt_logprobs is None, "prompt_logprobs", "unset with use_beam_search", self.prompt_logprobs)
             _check(not self.stop, "stop", "empty with use_beam_search", self.stop)
 
     @property
@@ -158,6 +164,8 @@ class RequestOutput:
     first_token_latency_s: float | None  # set on the output that carries the first token
     num_cached_prompt_tokens: int = 0
     request_done: bool = False
+    # On sample 0's first output when asked for: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     # Beam search only: the hypothesis' rank score, cumulative_logprob (the plain sum of its
     # token log-probabilities) / num_output_tokens ** length_penalty, as Hugging Face reports it
     # in sequences_scores. A beam request's outputs come at its end, one per hypothesis, best

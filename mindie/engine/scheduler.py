@@ -182,9 +182,10 @@ class Scheduler:
         prefill-batch limit enter with no tokens this step."""
         plans: list[tuple[int, int]] = []  # (reused tokens, tokens this step) per member
         for seq in unit:
-            cached = self.blocks.match_prefix(seq.token_ids).num_tokens
+            reuse = not seq.wants_prompt_logprobs
+            cached = self.blocks.match_prefix(seq.token_ids).num_tokens if reuse else 0
             n = min(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
-            reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n)
+            reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n, reuse_prefix=reuse)
             if reused is None:
                 for done in unit[: len(plans)]:
                     self.blocks.free(done.seq_id)

@@ -31,6 +31,9 @@ class Sequence:
     # them as one unit, and a beam step waits until every one of them is fully computed.
     lockstep: list[Sequence] | None = None
     matcher: Any = None  # this sample's GrammarMatcher when its request has a grammar
+    # Prompt log-probabilities by position (position 0 has none), filled while sample 0 prefills
+    # when the request asks for them; a recomputed position overwrites its entry.
+    prompt_logprobs: list[Any] | None = None
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     status: SequenceStatus = SequenceStatus.WAITING
@@ -44,6 +47,12 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.prompt_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Sample 0 of a request that asks for prompt log-probabilities, until it has them all."""
+        return (self.index == 0 and self.request.params.prompt_logprobs is not None
+                and (self.prompt_logprobs is None or None in self.prompt_logprobs[1:]))
 
     @property
     def seq_id(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mindie import ops
@@ -11,6 +13,13 @@ from mindie.engine.sequence import Sequence
 from mindie.model.llama import AttentionMetadata, LlamaModel
 
 
+@dataclass
+class PromptLogits:
+    seq: Sequence
+    first_position: int  # logits[i] are those after prompt position first_position + i
+    logits: torch.Tensor
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, blocks: BlockManager) -> None:
         self.model = model
@@ -18,9 +27,11 @@ class ModelRunner:
         self.block_size = blocks.block_size
         self.kv_caches = model.allocate_kv_cache(blocks.num_blocks, blocks.block_size)
 
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence]]:
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence], list[PromptLogits]]:
         """Runs the scheduled tokens. Returns next-token logits [rows, vocab] for the sequences
-        whose every token is computed after this step (mid-prefill chunks produce no row)."""
+        whose every token is computed after this step (mid-prefill chunks produce no row), and the
+        logits of the prompt positions computed this step for sequences that want prompt
+        log-probabilities."""
         if out.block_copies:  # copy-on-write before this step writes into the copies
             mapping = torch.tensor(out.block_copies, dtype=torch.int64)
             for k_cache, v_cache in self.kv_caches:
@@ -35,6 +46,8 @@ class ModelRunner:
         tables: list[list[int]] = []
         rows: list[int] = []
         row_seqs: list[Sequence] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[tuple[Sequence, int, int]] = []  # (seq, first position, count)
         for s in out.scheduled:
             seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             table = self.blocks.block_table(seq.seq_id)
@@ -45,6 +58,12 @@ class ModelRunner:
             starts.append(starts[-1] + n)
             lens.append(start + n)
             tables.append(table)
+            if seq.wants_prompt_logprobs:
+                # position p predicts prompt token p + 1
+                last = min(start + n, seq.num_prompt_tokens - 1)
+                if last > start:
+                    prompt_spans.append((seq, start, last - start))
+                    prompt_rows += range(starts[-2], starts[-2] + last - start)
             if start + n == len(seq.token_ids):
                 rows.append(starts[-1] - 1)
                 row_seqs.append(seq)
@@ -55,7 +74,11 @@ class ModelRunner:
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(lens, dtype=torch.int32),
-            logits_indices=torch.tensor(rows, dtype=torch.int64),
+            logits_indices=torch.tensor(rows + prompt_rows, dtype=torch.int64),
         )
         logits = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv_caches)
-        return logits, row_seqs
+        prompt_logits, at = [], len(rows)
+        for seq, first, count in prompt_spans:
+            prompt_logits.append(PromptLogits(seq, first, logits[at : at + count]))
+            at += count
+        return logits[: len(rows)], row_seqs, prompt_logits

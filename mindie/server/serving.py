@@ -142,6 +142,7 @@ class Result:
     queue_wait_us: list[int] = field(default_factory=list)
     prefill_ms: float | None = None
     decode_ms: list[float] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @classmethod
     def empty(cls, params: SamplingParams) -> Result:
@@ -163,6 +164,8 @@ class Result:
         self.num_cached_tokens = out.num_cached_prompt_tokens
         if out.index == 0:
             self.seed = out.seed
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if len(s.token_ids) > len(self.batch_sizes):
             grow = len(s.token_ids) - len(self.batch_sizes)
             self.batch_sizes += [out.batch_size] * grow

@@ -234,3 +234,19 @@ def test_completions_beam_search(tiny_server):
     assert streamed == {c["index"]: c["text"] for c in choices}
     bad = post(tiny_server, "/v1/completions", {**body, "stop": ["x"]})
     assert bad.status_code == 400 and "stop" in bad.json()["error"]["message"]
+
+
+def test_completions_echo_logprobs_scores_the_prompt(tiny_server):
+    r = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 0, "echo": True,
+                                              "logprobs": 1})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
+    assert lp["token_logprobs"][0] is None and all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"][1:])
+    assert r.json()["usage"]["completion_tokens"] == 0
+    more = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": [5, 6, 7, 8], "max_tokens": 2,
+                                                 "echo": True, "logprobs": 0, "temperature": 0}).json()
+    assert more["choices"][0]["logprobs"]["token_logprobs"][1:4] == pytest.approx(lp["token_logprobs"][1:], abs=1e-4)
+    assert len(more["choices"][0]["logprobs"]["tokens"]) == 6
+    assert post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}).status_code == 400

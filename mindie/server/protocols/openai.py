@@ -1,6 +1,7 @@
 """The OpenAI API: POST /v1/chat/completions, POST /v1/completions, GET /v1/models[/{m}]."""
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -91,6 +92,7 @@ Prompt = (str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)
 
 class CompletionRequest(OpenAIFields):
     prompt: Prompt  # type: ignore[valid-type]
+    max_tokens: number(0, INT32_MAX, integer=True) | None = None  # type: ignore[valid-type]  # 0: with echo
     logprobs: number(0, 5, integer=True) | None = None  # type: ignore[valid-type]
     echo: bool = False
     suffix: str | None = None
@@ -176,15 +178,20 @@ def chat_logprobs(ctx: Serving, lps: list[TokenLogprob]) -> dict[str, Any]:
                         for lp in lps]}
 
 
-def completion_logprobs(ctx: Serving, lps: list[TokenLogprob], offset: int) -> dict[str, Any]:
+def completion_logprobs(ctx: Serving, lps: list[TokenLogprob | None], offset: int, token_ids: list[int] | None = None
+                        ) -> dict[str, Any]:
+    """The legacy completions shape. With `token_ids` (echo), entries may be None: the prompt's
+    first token has no log-probability."""
+    ids = token_ids if token_ids is not None else [lp.token_id for lp in lps]  # type: ignore[union-attr]
     tokens, offsets = [], []
-    for lp in lps:
+    for t in ids:
         offsets.append(offset)
-        piece = _piece(ctx, lp.token_id)
+        piece = _piece(ctx, t)
         tokens.append(piece)
         offset += len(piece)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{_piece(ctx, t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for lp in lps],
+            "top_logprobs": [{_piece(ctx, t): v for t, v in lp.top} if lp else None for lp in lps],
+            "text_offset": offsets}
 
 
 # --- running one or many engine requests ---------------------------------------------------------
@@ -395,11 +402,20 @@ def _prompts(ctx: Serving, prompt: Any) -> list[tuple[str | None, list[int]]]:
 async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
     req = parse(CompletionRequest, body)
     check_model(ctx, req.model)
-    if req.echo and req.logprobs is not None:
-        raise APIError(422, "echo together with logprobs (prompt log-probabilities) is not supported yet", "echo")
+    scoring = req.echo and req.logprobs is not None  # evaluation harnesses score text this way
+    if scoring and req.stream:
+        raise APIError(422, "echo with logprobs (prompt log-probabilities) is available without stream only",
+                       "stream")
+    if req.max_tokens == 0 and not req.echo:
+        raise APIError(422, "max_tokens must be in (0, 2147483647] (0 only with echo), got 0", "max_tokens")
     if req.suffix:
         raise APIError(422, "suffix is not supported by this model", "suffix")
-    params = req.sampling_params(ctx, logprobs=req.logprobs, max_tokens=_max_tokens(req), stream=req.stream)
+    # max_tokens 0 with echo: the prompt alone; one token is generated and dropped
+    max_tokens = 1 if req.max_tokens == 0 else _max_tokens(req)
+    params = req.sampling_params(ctx, logprobs=req.logprobs, max_tokens=max_tokens, stream=req.stream)
+    if scoring:
+        params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
+    drop_output = req.max_tokens == 0
     prompts = _prompts(ctx, req.prompt)
     if len(prompts) * params.num_samples > ctx.max_n:
         raise APIError(422, f"prompts x best_of must be at most {ctx.max_n}, got {len(prompts)} x "
@@ -421,11 +437,17 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
         for k, result in enumerate(results):
             for s in result.best(n):
                 prefix = echo_text(k)
-                choices.append({"index": k * n + s.index, "text": prefix + s.text,
-                                "logprobs": completion_logprobs(ctx, s.logprobs, len(prefix))
+                ids, lps = ([], []) if drop_output else (s.token_ids, list(s.logprobs))
+                if scoring:
+                    ids, lps = prompts[k][1] + ids, (result.prompt_logprobs or [None] * len(prompts[k][1])) + lps
+                choices.append({"index": k * n + s.index, "text": prefix + ("" if drop_output else s.text),
+                                "logprobs": completion_logprobs(ctx, lps, 0 if scoring else len(prefix), ids)
                                 if req.logprobs is not None else None,
                                 "stop_reason": None, "finish_reason": OPENAI_REASONS[s.finish_reason]})
-        return json_response({**head, "choices": choices, "usage": _usage(results, prompt_tokens)})
+        usage = _usage(results, prompt_tokens)
+        if drop_output:
+            usage.update(completion_tokens=0, total_tokens=prompt_tokens, batch_size=[], queue_wait_time=[])
+        return json_response({**head, "choices": choices, "usage": usage})
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
