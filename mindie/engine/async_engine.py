@@ -34,6 +34,7 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._wake = threading.Condition()
         self._stopped = False
+        self.last_error: BaseException | None = None  # of the last step, cleared by a good one
         self._thread = threading.Thread(target=self._run, name="mindie-engine", daemon=True)
         self._thread.start()
 
@@ -51,6 +52,11 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._post(request_id)
+
+    @property
+    def healthy(self) -> bool:
+        """The loop runs and its last step with work did not fail."""
+        return self._thread.is_alive() and self.last_error is None
 
     def shutdown(self) -> None:
         with self._wake:
@@ -95,8 +101,11 @@ class AsyncEngine:
             try:
                 outputs = self.engine.step() if self.engine.has_unfinished() else []
             except Exception as exc:  # a failed step fails its requests, never the thread
+                self.last_error = exc
                 self._fail_all(exc)
                 continue
+            if outputs:
+                self.last_error = None
             for out in outputs:
                 self._deliver(out)
         self._fail_all(RuntimeError("the engine has shut down"))
@@ -123,9 +132,10 @@ class AsyncEngine:
         target[0].call_soon_threadsafe(target[1].put_nowait, out)
 
     def _fail_all(self, exc: BaseException) -> None:
+        failure = exc if isinstance(exc, RuntimeError) else RuntimeError(f"engine step failed: {exc!r}")
         for request_id, (loop, queue) in list(self._queues.items()):
             self.engine.abort(request_id)
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
+            loop.call_soon_threadsafe(queue.put_nowait, failure)
         self._queues.clear()
 
 

@@ -22,6 +22,8 @@ MAX_PROBE_WAIT_S = 600
 def _check_running(ctx: Serving) -> None:
     if ctx.draining:
         raise APIError(503, "The service has been stopped.")
+    if not ctx.engine.healthy:
+        raise APIError(503, "the engine failed its last step; requests in flight were failed")
 
 
 async def health(ctx: Serving, request: Request) -> Response:

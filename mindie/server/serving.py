@@ -98,6 +98,10 @@ class OutputStream:
             self.done = True
             self.serving.metrics.failed()
             raise GenerationTimeout(who) from None
+        except RuntimeError as exc:  # the engine failed the step: this request is lost, say so
+            self.done = True
+            self.serving.metrics.failed()
+            raise APIError(500, f"the engine failed while generating: {type(exc).__name__}") from None
         except StopAsyncIteration:
             self.done = True
             raise

@@ -234,3 +234,28 @@ def test_full_text_mode_streams_cumulative_text(long_tiny_dir):
         assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
     finally:
         server.close()
+
+
+def test_engine_fault_fails_requests_in_flight_and_recovers(tiny_llama_dir, monkeypatch):
+    server = RunningServer(local_settings(str(tiny_llama_dir), dtype="float32", model_name="tiny"))
+    try:
+        engine = server.ctx.engine.engine
+        real_step, calls = engine.step, []
+
+        def failing_step():
+            calls.append(1)
+            if len(calls) == 2:
+                raise ValueError("simulated kernel failure")
+            return real_step()
+
+        monkeypatch.setattr(engine, "step", failing_step)
+        body = {"inputs": "hello", "parameters": {"max_new_tokens": 20}}
+        r = httpx.post(server.url + "/infer", json=body, timeout=30)
+        assert r.status_code == 500 and "engine failed" in r.json()["error"]
+        assert "simulated" not in r.text  # no internals
+        assert httpx.get(server.management_url + "/health").status_code == 503
+        assert httpx.post(server.url + "/infer", json=body, timeout=30).status_code == 200  # recovered
+        assert httpx.get(server.management_url + "/health").status_code == 200
+        engine.blocks.check_invariants()
+    finally:
+        server.close()

@@ -85,6 +85,8 @@ def stream_response(
                 yield chunk
         except GenerationTimeout as exc:
             yield on_error(APIError(500, str(exc)))
+        except APIError as exc:
+            yield on_error(exc)
         finally:
             await stream.aclose()
 
