@@ -23,7 +23,7 @@ MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024  # bound the work a request sizes
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     EOS = "eos"  # an end-of-sequence token or one of stop_token_ids
     STOP = "stop"  # a stop string
     LENGTH = "length"  # max_tokens, maxIterTimes or maxSeqLen reached

@@ -152,7 +152,7 @@ _SCHEDULE: dict[str, _Key] = {
     "maxIterTimes": _Key(int, 1, _INT_MAX),
     "maxPreemptCount": _Key(int, 0, 819200),
     "supportSelectBatch": _Key(bool, honoured=False),
-    "maxQueueDelayMicroseconds": _Key(int, 500, 1000000, honoured=False),
+    "maxQueueDelayMicroseconds": _Key(int, 500, 1000000),
     "maxFirstTokenWaitTime": _Key(int, 0, 3600000, honoured=False),
     "maxN": _Key(int, 1, 128),
     "prefillChunkSize": _Key(int, 1, 4194304, honoured=False),
@@ -217,6 +217,7 @@ class ServerSettings:
     model_path: str | None = None  # None: the embedded default model
     dtype: str = "bfloat16"
     truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
+    queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch
     engine: EngineConfig = field(default_factory=EngineConfig)
     ignored: tuple[str, ...] = ()  # accepted keys that have no effect here
 
@@ -314,6 +315,7 @@ class ServerSettings:
             model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
             dtype=model.get("dtype", "bfloat16"),
+            queue_delay_s=schedule.get("maxQueueDelayMicroseconds", 5000) / 1e6,
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,
             engine=engine,
             ignored=tuple(ignored),

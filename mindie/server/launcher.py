@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import ssl
 import sys
@@ -45,7 +46,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     engine = LLMEngine(loaded, settings.engine)
     steps.update(1)
     steps.close()
-    return Serving(settings, AsyncEngine(engine), ServerMetrics(settings.model_name, engine))
+    return Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name, engine))
 
 
 def _ssl_options(settings: ServerSettings) -> dict[str, object]:
@@ -137,8 +138,15 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
         raise SystemExit(f"could not start every listener: {failed[0] or 'address in use?'}")
 
 
+SWITCH_INTERVAL_S = float(os.environ.get("MINDIE_SWITCH_INTERVAL_S", "0.0005"))
+
+
 def run(settings: ServerSettings) -> None:
     ctx = load(settings)
     import uvloop
 
+    # The engine thread takes the GIL back after every torch / kernel call (hundreds per step);
+    # while the event loop runs Python, each of those waits up to the switch interval (5 ms by
+    # default). A short interval keeps the HTTP work from stretching the model step.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvloop.run(serve(ctx))

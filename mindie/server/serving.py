@@ -93,8 +93,9 @@ class OutputStream:
         now = time.monotonic()
         deadline, who = self._deadline(now)
         try:
-            out = await asyncio.wait_for(anext(self._outputs), max(0.0, deadline - now))
-        except asyncio.TimeoutError:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - now)):
+                out = await anext(self._outputs)  # a timeout context, unlike wait_for, costs no task
+        except TimeoutError:
             self.done = True
             self.serving.metrics.failed()
             raise GenerationTimeout(who) from None
