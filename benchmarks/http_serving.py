@@ -145,8 +145,8 @@ def main() -> None:
             http.append(r["tok_s"])
             print(f"HTTP {args.requests} streams: {r['tok_s']:6.1f} output tok/s (offline engine {ref[-1]:6.1f})  "
                   f"TTFT p50 {r['ttft50'] * 1e3:7.1f} ms p99 {r['ttft99'] * 1e3:7.1f} ms  ITL p50 "
-                  f"{r['itl50'] * 1e3:6.1f} ms p99 {r['itl99'] * 1e3:6.1f} ms  /health p99 {r['health99'] * 1e3:5.1f} ms ({r['health_n']} probes); "
-                  f"the client used {r['client_cpu']:.0%} of a core")
+                  f"{r['itl50'] * 1e3:6.1f} ms p99 {r['itl99'] * 1e3:6.1f} ms  /health p99 {r['health99'] * 1e3:5.1f} "
+                  f"ms ({r['health_n']} probes); the client used {r['client_cpu']:.0%} of a core")
         print(f"HTTP/offline at {args.requests} streams, {args.prompt_tokens}+{args.output_tokens} tokens each: "
               f"{statistics.median(http) / statistics.median(ref):.1%} (medians of {args.rounds} alternating rounds)")
     finally:
