@@ -12,9 +12,11 @@ import ssl
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
@@ -78,8 +80,9 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
     apps = build_apps(ctx)
     scheme = "https" if ctx.settings.tls else "http"
     listeners = [
-        _Listener(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, http="httptools",
-                                 lifespan="off", timeout_keep_alive=60, **_ssl_options(ctx.settings)))
+        _Listener(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                 http=LimitedHttpTools, lifespan="off", timeout_keep_alive=60,
+                                 **_ssl_options(ctx.settings)))
         for (host, port), app in apps.items()
     ]
     loop = asyncio.get_running_loop()
@@ -150,3 +153,70 @@ def run(settings: ServerSettings) -> None:
     # default). A short interval keeps the HTTP work from stretching the model step.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvloop.run(serve(ctx))
+
+
+MAX_HEAD_BYTES = 64 * 1024  # request line + headers
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class LimitedHttpTools(HttpToolsProtocol):
+    """httptools with a bound on the request head: past MAX_HEAD_BYTES the client gets 431 and the
+    connection closes (httptools itself buffers any size). A single header can still be buffered
+    whole before it is counted, up to the coarse HEAD_GUARD_BYTES limit on bytes fed before the
+    head completes."""
+
+    HEAD_GUARD_BYTES = 8 * 2**20
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes = 0  # exact: request line and headers of the current request
+        self._head_fed = 0  # coarse: bytes received while its head is incomplete
+        self._head_done = False
+        self._too_large = False
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_done = False
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._too_large = True
+            raise _HeadTooLarge()  # httptools turns it into a parser error: send_400_response
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_done, self._head_fed = True, 0
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._head_done:
+            self._head_fed += len(data)
+        if self._head_fed > self.HEAD_GUARD_BYTES:
+            self._too_large = True
+            self.send_400_response("")
+            return
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._too_large:
+            super().send_400_response(msg)
+            return
+        body = b'{"error": "request headers too large (limit 65536 bytes)", "error_type": "Bad Request"}'
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+        self.transport.close()

@@ -113,3 +113,9 @@ def test_body_over_max_request_length_is_413(tiny_server):
 def test_error_bodies_carry_no_internals(tiny_server):
     r = post(tiny_server, "/infer", {"inputs": "x", "parameters": {"temperature": "<object at 0x7f>"}})
     assert "Traceback" not in r.text and "/work" not in r.text
+
+
+def test_oversized_request_head_is_431(tiny_server):
+    r = httpx.get(tiny_server.url + "/v1/models", headers={"X-Big": "a" * 100_000})
+    assert r.status_code == 431 and "headers too large" in r.json()["error"]
+    assert httpx.get(tiny_server.url + "/v1/models", headers={"X-Ok": "a" * 8000}).status_code == 200
