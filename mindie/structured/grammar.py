@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import llguidance
@@ -122,12 +122,29 @@ class GrammarCompiler:
             key = json.dumps(schema, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as e:
             raise GrammarError(f"the schema is not JSON: {e}") from None
+        return self._cached(key, lambda: self._compile(key))
+
+    def text_or_tool_call(self, tools: Mapping[str, Mapping[str, Any] | None]) -> Grammar:
+        """tool_choice "auto" with strict tools: either plain text that does not start the way a
+        call does (with "{", "<" or whitespace), or one call to one of ``tools`` that follows its
+        schema."""
+        schema = {**bound_schema(tool_call_schema(tools)), "x-guidance": _JSON_OPTIONS}
+        lark = "start: TEXT | call\nTEXT: /[^{<\\s][\\s\\S]*/\ncall: %json " + json.dumps(schema, ensure_ascii=False)
+        def build() -> Grammar:
+            try:
+                return self._finish(llguidance.LLMatcher.grammar_from_lark(lark))
+            except ValueError as e:
+                raise GrammarError(f"invalid tool parameters schema: {e}") from None
+
+        return self._cached("lark:" + lark, build)
+
+    def _cached(self, key: str, build: Callable[[], Grammar]) -> Grammar:
         with self._lock:
             found = self._cache.get(key)
             if found is not None:
                 self._cache.move_to_end(key)
                 return found
-        grammar = self._compile(key)  # outside the lock: compiling can take a while
+        grammar = build()  # outside the lock: compiling can take a while
         with self._lock:
             self._cache[key] = grammar
             self._cache.move_to_end(key)
@@ -173,6 +190,9 @@ class GrammarCompiler:
             text = llguidance.LLMatcher.grammar_from_json_schema(bounded, overrides=_JSON_OPTIONS)
         except ValueError as e:
             raise GrammarError(f"invalid JSON schema: {e}") from None
+        return self._finish(text)
+
+    def _finish(self, text: str) -> Grammar:
         matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
         if matcher.is_error():
             raise GrammarError(f"invalid JSON schema: {matcher.get_error()}")

@@ -145,3 +145,20 @@ def test_bad_tools_and_schemas_are_400(smol_server, change, param):
         "model": MODEL, "messages": [{"role": "user", "content": "x"}], **change}, timeout=60)
     assert r.status_code == 400, r.text
     assert param in r.json()["error"]["message"], r.json()
+
+
+def test_strict_tools_with_auto_give_text_or_valid_calls(smol_server):
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+
+    def one(seed):
+        return chat(smol_server, {"messages": [{"role": "user", "content": QUESTIONS[seed % len(QUESTIONS)]}],
+                                  "tools": strict, "tool_choice": "auto", "temperature": 1.0, "seed": seed})
+
+    with ThreadPoolExecutor(8) as pool:
+        bodies = list(pool.map(one, range(16)))
+    for body in bodies:
+        choice = body["choices"][0]
+        for call in choice["message"]["tool_calls"]:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+        if choice["finish_reason"] != "tool_calls":
+            assert choice["message"]["tool_calls"] == [] and choice["message"]["content"]

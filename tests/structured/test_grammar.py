@@ -257,3 +257,18 @@ def test_bound_schema_caps_free_strings_and_closes_listed_objects():
     assert out["properties"]["d"]["items"]["properties"]["e"]["maxLength"] == MAX_FREE_STRING
     assert "additionalProperties" not in out["properties"]["f"]  # a free-form object stays free
     assert schema["properties"]["a"] == {"type": "string"}  # the caller's schema is untouched
+
+
+def test_text_or_tool_call_takes_text_or_a_valid_call(compiler, tok):
+    tools = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    grammar = compiler.text_or_tool_call(tools)
+
+    def follows(text: str) -> bool:
+        m = grammar.matcher()
+        return all(m.advance(t) for t in tok.encode(text, add_special_tokens=False)) and m.accepts_eos()
+
+    assert follows("It is sunny today.")
+    assert follows('{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    assert not follows('{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not follows('{"name": "other", "arguments": {}}')
+    assert compiler.text_or_tool_call(tools) is grammar  # cached

@@ -295,9 +295,11 @@ async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=_max_tokens(req), stream=req.stream)
     grammar = None
-    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or req.response_format is not None:
+    strict = any(t.function.strict for t in req.tools or ())
+    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or req.response_format is not None or (
+            strict and req.tool_choice != "none"):
         grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
-                                          req.response_format)
+                                          req.response_format, strict)
     return Generation(ids, params, stream=req.stream, prompt_text=prompt, grammar=grammar)
 
 

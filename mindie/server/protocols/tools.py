@@ -84,15 +84,18 @@ def check_tools(tools: list[Any] | None, tool_choice: Any) -> dict[str, dict[str
 
 
 def constraint(compiler: GrammarCompiler, tools: dict[str, dict[str, Any] | None], tool_choice: Any,
-               response_format: Any) -> Grammar | None:
+               response_format: Any, strict: bool = False) -> Grammar | None:
     """The grammar the output must follow, if any (compiling can take a while: call it off the
-    event loop)."""
+    event loop). `strict`: a tool asks for strict arguments, so with tool_choice "auto" the output
+    is either plain text or a call that follows its schema."""
     try:
         if tool_choice == "required":
             return compiler.tool_call(tools)
         if isinstance(tool_choice, dict):
             name = tool_choice["function"]["name"]
             return compiler.tool_call({name: tools[name]})
+        if strict and tool_choice in (None, "auto"):
+            return compiler.text_or_tool_call(tools)
         if response_format is None or response_format.type == "text":
             return None
         if response_format.type == "json_object":
