@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mindie.model.config import ModelConfig
+from mindie.model.gguf_header import read_header
 
 _SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
@@ -46,11 +47,6 @@ class GGUFContents:
     metadata: dict[str, Any]  # tokenizer.* and general.* fields
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
 def _hf_name(name: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
@@ -69,21 +65,22 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def read_gguf(path: str) -> GGUFContents:
     import gguf  # a runtime dependency, imported where it is needed
 
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture")
+    header = read_header(path)
+    fields = header.fields
+    arch = fields.get("general.architecture")
     if arch not in ("llama", "mistral", "qwen2"):
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama, mistral, qwen2)")
 
     def meta(key: str, default: Any = None) -> Any:
-        return _field(reader, f"{arch}.{key}", default)
+        return fields.get(f"{arch}.{key}", default)
 
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    tokens = fields.get("tokenizer.ggml.tokens") or []
     heads = int(meta("attention.head_count"))
     kv_heads = int(meta("attention.head_count_kv", heads))
     hidden = int(meta("embedding_length"))
-    names = {t.name for t in reader.tensors}
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    names = {t.name for t in header.tensors}
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    bos = fields.get("tokenizer.ggml.bos_token_id")
     config = ModelConfig(
         architecture=arch,
         vocab_size=int(meta("vocab_size", len(tokens))),
@@ -102,11 +99,14 @@ def read_gguf(path: str) -> GGUFContents:
         eos_token_ids=() if eos is None else (int(eos),),
     )
     weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        qtype = t.tensor_type.name
-        if qtype not in _SUPPORTED_QUANTS:
-            raise ValueError(f"{path}: tensor {t.name} has type {qtype}; supported: {sorted(_SUPPORTED_QUANTS)}")
-        w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+    for t in header.tensors:
+        try:
+            qtype = gguf.GGMLQuantizationType(t.qtype)
+        except ValueError:
+            qtype = None
+        if qtype is None or qtype.name not in _SUPPORTED_QUANTS:
+            raise ValueError(f"{path}: tensor {t.name} has ggml type {t.qtype}; supported: {sorted(_SUPPORTED_QUANTS)}")
+        w = np.asarray(gguf.quants.dequantize(header.tensor_bytes(t), qtype), dtype=np.float32)
         w = w.reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else [int(t.shape[0])])
         if arch == "llama" and t.name.endswith("attn_q.weight"):
             w = _unpermute(w, heads)
@@ -114,5 +114,5 @@ def read_gguf(path: str) -> GGUFContents:
             w = _unpermute(w, kv_heads)
         # F32/F16 tensors come back as read-only views of the memory-mapped file.
         weights[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
-    metadata = {k: _field(reader, k) for k in reader.fields if k.startswith(("tokenizer.", "general."))}
+    metadata = {k: v for k, v in fields.items() if k.startswith(("tokenizer.", "general."))}
     return GGUFContents(config, weights, metadata)
