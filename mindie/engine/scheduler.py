@@ -62,6 +62,7 @@ class Scheduler:
         self.blocks = block_manager
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # sorted by sort_key
+        self.num_preemptions = 0  # since start, for the metrics
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -214,6 +215,7 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
+        self.num_preemptions += 1
         self.add(seq)
 
     def after_step(self, out: SchedulerOutput) -> None:

@@ -33,6 +33,8 @@ class ServerMetrics:
         self.request_received = counter("request_received", "Requests received")
         self.request_success = counter("request_success", "Requests finished successfully")
         self.request_failed = counter("request_failed", "Requests that failed, timed out or were cancelled")
+        self.preemptions = counter("num_preemptions", "Sequences preempted (their KV dropped, to be recomputed)")
+        self._preemptions_seen = 0
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens received")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
         self.running = gauge("num_requests_running", "Requests running")
@@ -107,6 +109,9 @@ class ServerMetrics:
         self.prefix_hit.labels(self._label).set(h / q if q else 0.0)
         self.radix_all.labels(self._label).set(q)
         self.radix_hit.labels(self._label).set(h)
+        total = sched.num_preemptions
+        self.preemptions.labels(self._label).inc(total - self._preemptions_seen)
+        self._preemptions_seen = total
         self.failed_perc.labels(self._label).set(self._failed / self._received if self._received else 0.0)
 
     def prometheus_text(self) -> bytes:

@@ -199,7 +199,7 @@ def test_metrics_plane_uses_mindie_names(tiny_server):
     post(tiny_server, "/infer", {"inputs": "hello", "parameters": {"max_new_tokens": 2}})
     text = httpx.get(tiny_server.metrics_url + "/metrics").text
     for name in ("request_received_total", "request_success_total", "num_requests_running", "npu_cache_usage_perc",
-                 "time_to_first_token_seconds_bucket", "e2e_request_latency_seconds_count",
+                 "time_to_first_token_seconds_bucket", "e2e_request_latency_seconds_count", "num_preemptions_total",
                  "request_generation_tokens_bucket"):
         assert name in text, name
     assert 'model_name="tiny"' in text
