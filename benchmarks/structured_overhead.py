@@ -16,6 +16,7 @@ import time
 
 from mindie import LLM
 from mindie.engine.request import EngineRequest, SamplingParams
+from mindie.sampling import sampler
 from mindie.structured.grammar import GrammarCompiler
 
 SCHEMA = {"type": "array", "minItems": 200, "items": {"type": "object", "properties": {
@@ -24,7 +25,24 @@ SCHEMA = {"type": "array", "minItems": 200, "items": {"type": "object", "propert
     "required": ["id", "name", "tags"]}}
 
 
-def run(llm: LLM, requests: int, tokens: int, grammar, tag: str) -> float:
+MASK_TIME: list[float] = []  # seconds spent masking, per constrained step
+
+
+def _timed_masking() -> None:
+    """Records the time of every masking call (grammar masks + bitmask kernel)."""
+    masking = sampler._apply_grammars
+
+    def timed(logits, seqs):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        masking(logits, seqs)
+        if any(s.matcher is not None for s in seqs):
+            MASK_TIME.append(time.perf_counter() - t0)
+
+    sampler._apply_grammars = timed
+
+
+def run(llm: LLM, requests: int, tokens: int, grammar, tag: str) -> tuple[float, float]:
+    """Decode tokens/s and seconds per decode step."""
     engine = llm.engine
     messages = [{"role": "user", "content": "List items as JSON."}]
     prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages), add_special_tokens=False)
@@ -32,10 +50,12 @@ def run(llm: LLM, requests: int, tokens: int, grammar, tag: str) -> float:
         params = SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True)
         engine.add_request(EngineRequest(f"{tag}{i}", prompt, params, grammar=grammar))
     engine.step()  # the prefill step
-    generated, t0 = 0, time.perf_counter()
+    generated, steps, t0 = 0, 0, time.perf_counter()
     while engine.has_unfinished():
         generated += sum(len(o.new_token_ids) for o in engine.step())
-    return generated / (time.perf_counter() - t0)
+        steps += 1
+    elapsed = time.perf_counter() - t0
+    return generated / elapsed, elapsed / steps
 
 
 def main() -> None:
@@ -44,17 +64,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    _timed_masking()
     llm = LLM(enablePrefixCache=False)
     grammar = GrammarCompiler(llm.tokenizer).json_schema(SCHEMA)
     run(llm, 2, 8, None, "warm")
-    free, constrained = [], []
+    free, constrained, steps = [], [], []
     for r in range(args.rounds):
-        free.append(run(llm, args.requests, args.tokens, None, f"f{r}-"))
-        constrained.append(run(llm, args.requests, args.tokens, grammar, f"c{r}-"))
+        free.append(run(llm, args.requests, args.tokens, None, f"f{r}-")[0])
+        tok_s, step_s = run(llm, args.requests, args.tokens, grammar, f"c{r}-")
+        constrained.append(tok_s)
+        steps.append(step_s)
     f, c = statistics.median(free), statistics.median(constrained)
     print(f"{args.requests} concurrent requests, decode: free {f:.1f} tok/s, JSON-schema constrained {c:.1f} tok/s "
           f"(cost {1 - c / f:.1%}); per round free {[round(x) for x in free]}, constrained "
           f"{[round(x) for x in constrained]}")
+    print(f"masking (llguidance masks + bitmask kernel) per constrained step: median "
+          f"{statistics.median(MASK_TIME) * 1e3:.2f} ms of a {statistics.median(steps) * 1e3:.1f} ms step "
+          f"({statistics.median(MASK_TIME) / statistics.median(steps):.1%})")
 
 
 if __name__ == "__main__":
