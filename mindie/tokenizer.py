@@ -69,6 +69,11 @@ class Tokenizer:
         self.special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
+        # The same vocabulary with special-token text read as plain text: for what clients wrote
+        # inside a chat message, so "<|im_start|>" there is never a control token.
+        self._plain = BackendTokenizer.from_str(backend.to_str())
+        self._plain.encode_special_tokens = True
+        self.special_texts = tuple(t for t in (backend.id_to_token(i) for i in self.special_ids) if t)
 
     # --- construction ----------------------------------------------------------------------
 
@@ -140,6 +145,10 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]  # type: ignore[list-item]
         return ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of untrusted text: special-token strings in it stay text."""
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

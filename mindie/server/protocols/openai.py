@@ -2,6 +2,8 @@
 
 import asyncio
 import dataclasses
+import re
+import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -108,9 +110,11 @@ def check_model(ctx: Serving, model: str) -> None:
 
 
 def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add_generation_prompt: bool = True,
-                template: str | None = None, kwargs: dict[str, Any] | None = None) -> str:
-    """The conversation through the model's chat template (or the request's), in Jinja's sandbox;
-    tools through the template when it takes them, else through the fallback block."""
+                template: str | None = None, kwargs: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+    """The conversation through the model's chat template (or the request's), in Jinja's sandbox,
+    as text and token ids; tools through the template when it takes them, else through the
+    fallback block. What the client wrote in a message is tokenized as plain text: a
+    "<|im_start|>" there is text, never a control token. Only the template's own text can be."""
     plain = []
     for i, m in enumerate(messages):
         m = m if isinstance(m, Message) else parse_message(m, i)
@@ -133,17 +137,38 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
     source = template if template is not None else ctx.tokenizer.chat_template
     if not tools_support.template_takes_tools(source):
         plain, tool_dicts = tools_support.apply_fallback(plain, tool_dicts), None
+    # Each message's text goes through the template as a marker, so the rendered prompt can be
+    # cut into the template's text and the client's.
+    nonce = secrets.token_hex(8)
+    contents: list[str] = []
+    for m in plain:
+        if isinstance(m.get("content"), str):
+            contents.append(m["content"])
+            m["content"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
     try:
         if template is not None:
             from mindie.tokenizer import _compile_template
 
-            return _compile_template(template).render(messages=plain, tools=tool_dicts,
-                                                      add_generation_prompt=add_generation_prompt, **(kwargs or {}))
-        return ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt, tools=tool_dicts,
-                                                 **(kwargs or {}))
+            rendered = _compile_template(template).render(messages=plain, tools=tool_dicts,
+                                                          add_generation_prompt=add_generation_prompt, **(kwargs or {}))
+        else:
+            rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
+                                                         tools=tool_dicts, **(kwargs or {}))
     except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
         # the template is code over the client's messages: any failure is the request's
         raise APIError(422, f"the chat template failed on these messages: {exc}", "messages") from None
+    pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", rendered)
+    text = "".join(contents[int(p)] if k % 2 else p for k, p in enumerate(pieces))
+    if not any(s in c for c in contents for s in ctx.tokenizer.special_texts):
+        # nothing to defuse: the whole prompt in one pass, exactly as transformers tokenizes it
+        return text, ctx.tokenizer.encode(text, add_special_tokens=False)
+    ids: list[int] = []
+    for k, piece in enumerate(pieces):
+        if k % 2:  # a message's text
+            ids += ctx.tokenizer.encode_plain(contents[int(piece)])
+        elif piece:
+            ids += ctx.tokenizer.encode(piece, add_special_tokens=False)
+    return text, ids
 
 
 def parse_message(raw: Any, i: int) -> Message:
@@ -288,10 +313,10 @@ async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
         raise APIError(422, "top_logprobs requires logprobs to be true", "top_logprobs")
     tools = tools_support.check_tools(req.tools, req.tool_choice)
     offered = req.tools if req.tool_choice != "none" else None
-    prompt = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
-                         dict(req.chat_template_kwargs or {}))
+    prompt, ids = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
+                              dict(req.chat_template_kwargs or {}))
     ctx.check_text(prompt, "messages")
-    ids = ctx.fit_prompt(ctx.tokenizer.encode(prompt, add_special_tokens=False), "messages")
+    ids = ctx.fit_prompt(ids, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=_max_tokens(req), stream=req.stream)
     grammar = None

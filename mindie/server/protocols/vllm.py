@@ -143,8 +143,7 @@ async def tokenize(ctx: Serving, request: Request, body: bytes) -> Response:
     else:
         from mindie.server.protocols.openai import render_chat
 
-        ids = ctx.tokenizer.encode(render_chat(ctx, req.messages, None, req.add_generation_prompt),
-                                   add_special_tokens=False)
+        _, ids = render_chat(ctx, req.messages, None, req.add_generation_prompt)
     return json_response({"count": len(ids), "max_model_len": ctx.settings.engine.max_seq_len, "tokens": ids})
 
 
