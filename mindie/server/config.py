@@ -89,7 +89,7 @@ _SERVER: dict[str, _Key] = {
     "tokenTimeout": _Key(int, 1, 3600),
     "e2eTimeout": _Key(int, 1, 65535),
     "maxRequestLength": _Key(int, 1, 100),
-    "maxJsonDepth": _Key(int, 2, 200),
+    "maxJsonDepth": _Key(int, 2, 200, honoured=False),  # the JSON parser refuses depth > 200 anyway
     "distDPServerEnabled": _Key(bool, choices=(False,)),
     "HealthCheckConfig": _Key(dict, honoured=False),
 }
@@ -211,7 +211,6 @@ class ServerSettings:
     token_timeout_s: float = 600
     e2e_timeout_s: float = 600
     max_request_bytes: int = 40 * 2**20
-    max_json_depth: int = 200
     api_key: str | None = None
     model_name: str = "SmolLM2-135M-Instruct"
     model_path: str | None = None  # None: the embedded default model
@@ -311,7 +310,6 @@ class ServerSettings:
             token_timeout_s=3600 if timeouts_max else server.get("tokenTimeout", 600),
             e2e_timeout_s=65535 if timeouts_max else server.get("e2eTimeout", 600),
             max_request_bytes=server.get("maxRequestLength", 40) * 2**20,
-            max_json_depth=server.get("maxJsonDepth", 200),
             model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
             dtype=model.get("dtype", "bfloat16"),
