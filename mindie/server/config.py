@@ -73,8 +73,8 @@ _SERVER: dict[str, _Key] = {
     "tlsCert": _Key(str),
     "tlsPk": _Key(str),
     "tlsPkPwd": _Key(str),
-    "tlsCrlPath": _Key(str),
-    "tlsCrlFiles": _Key(list),
+    "tlsCrlPath": _Key(str, honoured=False),  # certificate revocation lists are not checked
+    "tlsCrlFiles": _Key(list, honoured=False),
     "managementTlsCaFile": _PATHS, "managementTlsCert": _PATH, "managementTlsPk": _PATH,
     "managementTlsPkPwd": _PATH, "managementTlsCrlPath": _PATH, "managementTlsCrlFiles": _PATHS,
     "metricsTlsCaFile": _PATHS, "metricsTlsCert": _PATH, "metricsTlsPk": _PATH,
@@ -85,7 +85,7 @@ _SERVER: dict[str, _Key] = {
     "interCommPort": _Key(int, 1024, 65535, honoured=False),
     "interCommTlsCaPath": _PATH, "interCommTlsCaFiles": _PATHS, "interCommTlsCert": _PATH,
     "interCommPk": _PATH, "interCommPkPwd": _PATH, "interCommTlsCrlPath": _PATH, "interCommTlsCrlFiles": _PATHS,
-    "openAiSupport": _Key(str),
+    "openAiSupport": _Key(str, honoured=False),  # one OpenAI handler: the vLLM-flavoured one
     "tokenTimeout": _Key(int, 1, 3600),
     "e2eTimeout": _Key(int, 1, 65535),
     "maxRequestLength": _Key(int, 1, 100),
@@ -216,6 +216,7 @@ class ServerSettings:
     model_path: str | None = None  # None: the embedded default model
     dtype: str = "bfloat16"
     truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
+    max_n: int = 128  # maxN: the most samples (n, best_of) or beams a request may ask for
     queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch
     engine: EngineConfig = field(default_factory=EngineConfig)
     ignored: tuple[str, ...] = ()  # accepted keys that have no effect here
@@ -313,6 +314,7 @@ class ServerSettings:
             model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
             dtype=model.get("dtype", "bfloat16"),
+            max_n=schedule.get("maxN", 128),
             queue_delay_s=schedule.get("maxQueueDelayMicroseconds", 5000) / 1e6,
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,
             engine=engine,

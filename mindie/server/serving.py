@@ -206,7 +206,7 @@ class Serving:
         self.in_flight: dict[str, str | None] = {}  # request id -> the client's own id
         self._by_user_id: dict[str, str] = {}
         self.draining = False
-        self.max_n = min(MAX_N, settings.engine.max_batch_size)
+        self.max_n = min(MAX_N, settings.max_n, settings.engine.max_batch_size)
         self.grammars = GrammarCompiler(self.tokenizer)
 
     # --- prompts -------------------------------------------------------------------------------

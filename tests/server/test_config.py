@@ -55,3 +55,9 @@ def test_cli_flags_override_the_config(tmp_path):
     args = _parser().parse_args(["serve", "model.gguf", "--config", EXAMPLE, "--port", "2025", "--api-key", "k"])
     s = settings_from_args(args)
     assert (s.port, s.api_key, s.model_path, s.management_port) == (2025, "k", "model.gguf", 1026)
+
+
+def test_schedule_keys_reach_the_server():
+    s = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": {"maxN": 4, "maxQueueDelayMicroseconds": 1000}}})
+    assert s.max_n == 4 and s.queue_delay_s == 0.001
+    assert "ServerConfig.openAiSupport" in ServerSettings.from_dict(_with(openAiSupport="vllm")).ignored
