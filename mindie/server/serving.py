@@ -12,7 +12,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -331,7 +331,13 @@ class _Tracked(OutputStream):
             self.serving._forget(self.request_id)
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], stream: OutputStream) -> T:
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def until_disconnect(request: Request, work: Awaitable[T], stream: Closable) -> T:
+    """Awaits `work`, unless the client disconnects first: then the work is cancelled, the
+    stream closed (its engine requests aborted) and ClientGone raised."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from mindie.engine.request import FinishReason
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body
-from mindie.server.serving import GenerationTimeout, OutputStream
+from mindie.server.serving import Closable, GenerationTimeout
 
 MAX_MEDIA_ITEMS = 20
 
@@ -70,7 +70,7 @@ def error_response(err: APIError, style: ErrorStyle) -> Response:
 
 
 def stream_response(
-    stream: OutputStream,
+    stream: Closable,
     events: Callable[[], AsyncIterator[bytes]],
     on_error: Callable[[APIError], bytes],
     media_type: str = "text/event-stream",

@@ -301,7 +301,7 @@ async def _collect_all(ctx: Serving, request: Request, streams: list[OutputStrea
             results[k].add(item)
         return results
 
-    return await until_disconnect(request, fold(), _Multi(streams))  # type: ignore[arg-type]
+    return await until_disconnect(request, fold(), _Multi(streams))
 
 
 # --- chat ----------------------------------------------------------------------------------------
@@ -508,7 +508,7 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
             yield sse({**head, "choices": [], "usage": _usage(results, prompt_tokens)})
         yield b"data: [DONE]\n\n"
 
-    return stream_response(_Multi(streams), events, lambda e: sse(e.body(ErrorStyle.OPENAI)))  # type: ignore[arg-type]
+    return stream_response(_Multi(streams), events, lambda e: sse(e.body(ErrorStyle.OPENAI)))
 
 
 # --- models --------------------------------------------------------------------------------------
