@@ -73,8 +73,8 @@ _SERVER: dict[str, _Key] = {
     "tlsCert": _Key(str),
     "tlsPk": _Key(str),
     "tlsPkPwd": _Key(str),
-    "tlsCrlPath": _Key(str, honoured=False),  # certificate revocation lists are not checked
-    "tlsCrlFiles": _Key(list, honoured=False),
+    "tlsCrlPath": _Key(str),
+    "tlsCrlFiles": _Key(list),
     "managementTlsCaFile": _PATHS, "managementTlsCert": _PATH, "managementTlsPk": _PATH,
     "managementTlsPkPwd": _PATH, "managementTlsCrlPath": _PATH, "managementTlsCrlFiles": _PATHS,
     "metricsTlsCaFile": _PATHS, "metricsTlsCert": _PATH, "metricsTlsPk": _PATH,
@@ -193,6 +193,7 @@ class TLSSettings:
     key: str
     key_password_file: str | None
     ca_files: tuple[str, ...]  # client certificates are verified against these when present
+    crl_files: tuple[str, ...] = ()  # revoked client certificates are refused
 
 
 @dataclass(frozen=True)
@@ -270,8 +271,13 @@ class ServerSettings:
                 key=path(server["tlsPk"]),
                 key_password_file=path(server["tlsPkPwd"]) if server.get("tlsPkPwd") else None,
                 ca_files=tuple(path(os.path.join(ca_dir, f)) for f in server.get("tlsCaFile", [])),
+                crl_files=tuple(path(os.path.join(server.get("tlsCrlPath", ""), f))
+                                for f in server.get("tlsCrlFiles", [])),
             )
-            for p in (tls.cert, tls.key, *tls.ca_files):
+            if tls.crl_files and not tls.ca_files:
+                raise ConfigError("ServerConfig.tlsCrlFiles needs ServerConfig.tlsCaFile: revocation is checked only "
+                                  "for client certificates")
+            for p in (tls.cert, tls.key, *tls.ca_files, *tls.crl_files):
                 if not os.path.isfile(p):
                     raise ConfigError(f"TLS file {p} does not exist")
         if "plugin_params" in model:

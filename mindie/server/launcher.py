@@ -52,27 +52,30 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
 
 
 def _ssl_options(settings: ServerSettings) -> dict[str, object]:
+    """uvicorn's TLS options: our own context, for CA bundles of several files and revocation lists."""
     tls = settings.tls
     if tls is None:
         return {}
-    options: dict[str, object] = {"ssl_certfile": tls.cert, "ssl_keyfile": tls.key}
+    password = None
     if tls.key_password_file:
         with open(tls.key_password_file, encoding="utf-8") as f:
-            options["ssl_keyfile_password"] = f.read().strip()
-    if tls.ca_files:
-        options["ssl_ca_certs"] = tls.ca_files[0] if len(tls.ca_files) == 1 else _joined_ca(tls.ca_files)
-        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED  # mutual TLS: clients must present a certificate
-    return options
+            password = f.read().strip()
 
+    def context(config: uvicorn.Config, default: Any) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(tls.cert, tls.key, password=password)
+        if tls.ca_files:  # mutual TLS: clients must present a certificate signed by one of these
+            for ca in tls.ca_files:
+                ctx.load_verify_locations(cafile=ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            for crl in tls.crl_files:
+                ctx.load_verify_locations(cafile=crl)
+            if tls.crl_files:
+                ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+        return ctx
 
-def _joined_ca(files: tuple[str, ...]) -> str:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".pem", delete=False) as out:
-        for path in files:
-            with open(path, encoding="utf-8") as f:
-                out.write(f.read() + "\n")
-    return out.name
+    return {"ssl_context_factory": context}
 
 
 async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None = None) -> None:

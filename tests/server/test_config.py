@@ -34,6 +34,8 @@ def _with(**server):
     (_with(ipAddress="0.0.0.0"), ["allowAllZeroIpListening"]),
     (_with(ipAddress="localhost"), ["ServerConfig.ipAddress", "IPv4"]),
     (_with(httpsEnabled=True, tlsCert="missing.pem", tlsPk="missing.key"), ["does not exist"]),
+    (_with(httpsEnabled=True, tlsCert="a.pem", tlsPk="a.key", tlsCaFile=[], tlsCrlFiles=["crl.pem"]),
+     ["tlsCrlFiles", "tlsCaFile"]),
     ({"BackendConfig": {"ScheduleConfig": {"cacheBlockSize": 256}}}, ["ScheduleConfig.cacheBlockSize", "[1, 128]"]),
     ({"BackendConfig": {"ScheduleConfig": {"maxIterTimes": 5000}}}, ["maxIterTimes", "maxSeqLen"]),
     ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"modelName": "-bad"}]}}}, ["modelName"]),

@@ -171,19 +171,34 @@ def test_mutual_tls(tiny_llama_dir, tmp_path):
         ext.write_text("subjectAltName=IP:127.0.0.1\n" if name == "server" else "extendedKeyUsage=clientAuth\n")
         run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
             f"{name}.pem", "-days", "1", "-extfile", str(ext))
-    tls = TLSSettings(str(tmp_path / "server.pem"), str(tmp_path / "server.key"), None, (str(tmp_path / "ca.pem"),))
+    # a second client certificate, revoked in a CRL
+    run("req", "-newkey", "rsa:3072", "-nodes", "-keyout", "revoked.key", "-out", "revoked.csr", "-subj", "/CN=gone")
+    run("x509", "-req", "-in", "revoked.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "revoked.pem", "-days", "1", "-extfile", str(tmp_path / "client.ext"))
+    (tmp_path / "index.txt").write_text("")
+    (tmp_path / "crlnumber").write_text("01\n")
+    (tmp_path / "ca.cnf").write_text("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\ncrlnumber = crlnumber\n"
+                                     "default_md = sha256\ndefault_crl_days = 1\n")
+    run("ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.pem", "-revoke", "revoked.pem")
+    run("ca", "-config", "ca.cnf", "-keyfile", "ca.key", "-cert", "ca.pem", "-gencrl", "-out", "crl.pem")
+    tls = TLSSettings(str(tmp_path / "server.pem"), str(tmp_path / "server.key"), None, (str(tmp_path / "ca.pem"),),
+                      (str(tmp_path / "crl.pem"),))
     server = RunningServer(local_settings(str(tiny_llama_dir), dtype="float32", model_name="tiny", tls=tls))
     try:
         import ssl
 
-        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
-        context.load_cert_chain(str(tmp_path / "client.pem"), str(tmp_path / "client.key"))
+        def client(name: str | None) -> ssl.SSLContext:
+            context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+            if name:
+                context.load_cert_chain(str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}.key"))
+            return context
+
         r = httpx.post(server.url + "/infer", json={"inputs": "x", "parameters": {"max_new_tokens": 2}},
-                       verify=context)
+                       verify=client("client"))
         assert r.status_code == 200
-        anonymous = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
-        with pytest.raises(httpx.HTTPError):
-            httpx.post(server.url + "/infer", json={"inputs": "x"}, verify=anonymous)
+        for refused in (None, "revoked"):  # no certificate; a revoked one
+            with pytest.raises(httpx.HTTPError):
+                httpx.post(server.url + "/infer", json={"inputs": "x"}, verify=client(refused))
     finally:
         server.close()
 
