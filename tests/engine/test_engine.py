@@ -30,13 +30,15 @@ def hf(tiny_llama_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
 
 
-def prompts(n: int, seed: int = 3) -> list[list[int]]:
+def prompts(n: int, seed: int = 3, max_len: int = 39) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+    return [torch.randint(0, 256, (int(torch.randint(1, max_len + 1, (1,), generator=gen)),), generator=gen).tolist()
             for _ in range(n)]
 
 
 def run(engine: LLMEngine, reqs: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
+    """Runs to completion, checking the block invariant after every step; every request's
+    state and every block is gone at the end."""
     outs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in reqs}
     for r in reqs:
         engine.add_request(r)
@@ -45,8 +47,8 @@ def run(engine: LLMEngine, reqs: list[EngineRequest]) -> dict[str, list[RequestO
             break
         for o in engine.step():
             outs[o.request_id].append(o)
-    assert not engine.has_unfinished()
-    engine.blocks.check_invariants()
+        engine.blocks.check_invariants()
+    assert not engine.has_unfinished() and not engine.requests and not engine.beam_searches
     assert engine.blocks.num_used_blocks() == 0
     return outs
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from test_engine import prompts, run
 
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
@@ -35,28 +36,6 @@ def make_engine(loaded, **keys) -> LLMEngine:
     # A small pool: the block invariant is checked after every step and costs a walk over it.
     return LLMEngine(loaded, EngineConfig.from_mindie({"maxSeqLen": 256, "maxIterTimes": 64, "cacheBlockSize": 4,
                                                         "numKvBlocks": 512, **keys}))
-
-
-def prompts(n: int, seed: int = 3) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 256, (int(torch.randint(1, 24, (1,), generator=gen)),), generator=gen).tolist()
-            for _ in range(n)]
-
-
-def run(engine: LLMEngine, reqs: list[EngineRequest]) -> dict[str, list[RequestOutput]]:
-    """Runs to completion, checking the block invariant after every step."""
-    outs: dict[str, list[RequestOutput]] = {r.request_id: [] for r in reqs}
-    for r in reqs:
-        engine.add_request(r)
-    for _ in range(10_000):
-        if not engine.has_unfinished():
-            break
-        for o in engine.step():
-            outs[o.request_id].append(o)
-        engine.blocks.check_invariants()
-    assert not engine.has_unfinished() and not engine.requests and not engine.beam_searches
-    assert engine.blocks.num_used_blocks() == 0
-    return outs
 
 
 def beam(width: int, n: int, length_penalty: float = 1.0, early_stopping: bool | str = False,
@@ -120,7 +99,7 @@ def test_matches_transformers(models, width, n, length_penalty, early_stopping):
     """All prompts in one engine (several beam groups per step); each equals its own HF run."""
     loaded, hf = models
     engine = make_engine(loaded)
-    ps = prompts(3, seed=width)
+    ps = prompts(3, seed=width, max_len=23)
     params = [beam(width, n, length_penalty, early_stopping, stop_token_ids=frequent_tokens(hf, p) if i else ())
               for i, p in enumerate(ps)]
     outs = run(engine, [EngineRequest(str(i), p, sp) for i, (p, sp) in enumerate(zip(ps, params))])
@@ -133,7 +112,7 @@ def test_hypotheses_finish_by_eos_and_by_length(models):
     loaded, hf = models
     engine = make_engine(loaded)
     reasons = set()
-    for i, p in enumerate(prompts(4, seed=21)):
+    for i, p in enumerate(prompts(4, seed=21, max_len=23)):
         sp = beam(4, 4, 1.0, "never", stop_token_ids=frequent_tokens(hf, p))
         outs = run(engine, [EngineRequest(str(i), p, sp)])[str(i)]
         check_matches_hf(engine, hf, p, sp, outs)
@@ -147,7 +126,7 @@ def test_hypotheses_finish_by_eos_and_by_length(models):
     dict(cacheBlockSize=8, enablePrefixCache=0),
 ])
 def test_scheduling_does_not_change_the_result(loaded, config):
-    ps = prompts(3, seed=8)
+    ps = prompts(3, seed=8, max_len=23)
     params = beam(4, 2, 0.7, False, stop_token_ids=(40, 101))
     reference = run(make_engine(loaded), [EngineRequest(str(i), p, params) for i, p in enumerate(ps)])
     outs = run(make_engine(loaded, **config), [EngineRequest(str(i), p, params) for i, p in enumerate(ps)])
@@ -159,8 +138,8 @@ def test_mixed_with_plain_requests_and_preempted(loaded):
     """A pool too small for everything at once: beam groups are preempted whole and recomputed, and
     every request (beam or greedy) gives what it gives alone."""
     greedy = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    reqs = [(f"b{i}", p, beam(3, 2, 1.0, False, max_tokens=18)) for i, p in enumerate(prompts(3, seed=4))]
-    reqs += [(f"g{i}", p, greedy) for i, p in enumerate(prompts(4, seed=5))]
+    reqs = [(f"b{i}", p, beam(3, 2, 1.0, False, max_tokens=18)) for i, p in enumerate(prompts(3, seed=4, max_len=23))]
+    reqs += [(f"g{i}", p, greedy) for i, p in enumerate(prompts(4, seed=5, max_len=23))]
 
     def result(outs: list[RequestOutput]) -> list[list[int]]:
         """Per beam request: each hypothesis' tokens; per greedy request: [all its tokens]."""
