@@ -6,6 +6,7 @@ ImmutableSandboxedEnvironment, never a plain one, since a template is code that 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Sequence
@@ -65,7 +66,6 @@ class Tokenizer:
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token and bos_token_id is not None
         self.chat_template = chat_template
-        self._template: Any = None
         self.special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
@@ -163,15 +163,16 @@ class Tokenizer:
         messages: Sequence[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[dict[str, Any]] | None = None,
+        template: str | None = None,
         **extra: Any,
     ) -> str:
-        if self.chat_template is None:
+        """Renders the model's chat template, or `template` (a client's own) in its place."""
+        source = template if template is not None else self.chat_template
+        if source is None:
             raise ValueError("this model has no chat template; send a plain prompt instead")
-        if self._template is None:
-            self._template = _compile_template(self.chat_template)
         bos = self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else ""
         eos = self.id_to_token(self.eos_token_ids[0]) if self.eos_token_ids else ""
-        return self._template.render(
+        return _compile_template(source).render(
             messages=list(messages),
             tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
@@ -181,6 +182,7 @@ class Tokenizer:
         )
 
 
+@functools.lru_cache(maxsize=16)  # the model's template, and a few that clients send
 def _compile_template(source: str) -> Any:
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment

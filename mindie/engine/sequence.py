@@ -51,8 +51,10 @@ class Sequence:
     @property
     def wants_prompt_logprobs(self) -> bool:
         """Sample 0 of a request that asks for prompt log-probabilities, until it has them all."""
-        return (self.index == 0 and self.request.params.prompt_logprobs is not None
-                and (self.prompt_logprobs is None or None in self.prompt_logprobs[1:]))
+        if self.index != 0 or self.request.params.prompt_logprobs is None or self.num_prompt_tokens < 2:
+            return False
+        # positions are recorded in order, so the last one comes last
+        return self.prompt_logprobs is None or self.prompt_logprobs[-1] is None
 
     @property
     def seq_id(self) -> str:

@@ -180,6 +180,10 @@ class Result:
         elif item.decode_ms is not None and out.index == 0 and out.new_token_ids:
             self.decode_ms.append(item.decode_ms)
 
+    def stream_text(self, out: RequestOutput, full_text: bool) -> str:
+        """A stream event's text: the delta, or with fullTextEnabled the sample's text so far."""
+        return self.samples[out.index].text if full_text else out.new_text
+
     def best(self, n: int) -> list[SampleResult]:
         """The n samples to return: all of them, or with best_of the n with the highest
         cumulative log-probability, re-indexed."""

@@ -250,3 +250,15 @@ def test_completions_echo_logprobs_scores_the_prompt(tiny_server):
     assert more["choices"][0]["logprobs"]["token_logprobs"][1:4] == pytest.approx(lp["token_logprobs"][1:], abs=1e-4)
     assert len(more["choices"][0]["logprobs"]["tokens"]) == 6
     assert post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 0}).status_code == 400
+
+
+def test_chat_template_from_the_request_gets_the_special_tokens(tiny_server):
+    def prompt_tokens(template):
+        r = post(tiny_server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 1, "chat_template": template})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    assert plain == 4  # "[hi]", one token per byte
+    assert prompt_tokens("{{ bos_token }}{% for m in messages %}[{{ m['content'] }}]{% endfor %}") == plain + 1

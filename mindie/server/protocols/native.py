@@ -121,8 +121,7 @@ async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
                 "decode_time": round(item.decode_ms, 2) if item.decode_ms is not None else None,
             }
             if out.finish_reason is None:
-                text = result.samples[0].text if ctx.settings.full_text else out.new_text
-                event["token"] = {"id": out.new_token_ids, "text": text}
+                event["token"] = {"id": out.new_token_ids, "text": result.stream_text(out, ctx.settings.full_text)}
             else:
                 event["generated_text"] = result.samples[0].text
                 event["details"] = _details(result, p, full=False) if p.details else None

@@ -146,14 +146,8 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
             contents.append(m["content"])
             m["content"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
     try:
-        if template is not None:
-            from mindie.tokenizer import _compile_template
-
-            rendered = _compile_template(template).render(messages=plain, tools=tool_dicts,
-                                                          add_generation_prompt=add_generation_prompt, **(kwargs or {}))
-        else:
-            rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                                         tools=tool_dicts, **(kwargs or {}))
+        rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
+                                                     tools=tool_dicts, template=template, **(kwargs or {}))
     except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
         # the template is code over the client's messages: any failure is the request's
         raise APIError(422, f"the chat template failed on these messages: {exc}", "messages") from None

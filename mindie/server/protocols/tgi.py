@@ -124,7 +124,7 @@ async def _run(ctx: Serving, request: Request, req: TGIRequest, stream: bool, wr
             for k, lp in enumerate(out.new_logprobs):
                 token = _token(ctx, lp.token_id, lp.logprob)
                 last = out.finish_reason is not None and k == len(out.new_logprobs) - 1
-                token["text"] = s.text if ctx.settings.full_text else out.new_text if k == 0 else ""
+                token["text"] = result.stream_text(out, ctx.settings.full_text) if k == 0 else ""
                 event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
                 if last:
                     event["generated_text"] = prefix + s.text

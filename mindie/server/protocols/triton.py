@@ -117,7 +117,7 @@ async def _text(ctx: Serving, request: Request, body: bytes, stream: bool) -> Re
             result.add(item)
             out = item.output
             event: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
-                                     "text_output": result.samples[0].text if ctx.settings.full_text else out.new_text}
+                                     "text_output": result.stream_text(out, ctx.settings.full_text)}
             if p.details:
                 details: dict[str, Any] = {"batch_size": out.batch_size,
                                            "queue_wait_time": round(out.queue_wait_s * 1e6)}

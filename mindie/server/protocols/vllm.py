@@ -113,7 +113,7 @@ async def generate(ctx: Serving, request: Request, req: VLLMRequest) -> Response
             result.add(item)
             out = item.output
             texts = [""] * n
-            texts[out.index] = result.samples[out.index].text if ctx.settings.full_text else out.new_text
+            texts[out.index] = result.stream_text(out, ctx.settings.full_text)
             yield (dumps({"text": texts}) + "\0").encode()
 
     return stream_response(stream, events, lambda e: (dumps(e.body(ErrorStyle.MINDIE)) + "\0").encode(),
