@@ -66,8 +66,7 @@ class LLM:
             text, ids = self._tokenize(prompt)
             request_id = str(next(self._ids))
             self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text))
-            count = p.n if p.use_beam_search else p.num_samples  # beam search returns only the n best
-            samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(count)]
+            samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(p.num_outputs)]
             results[request_id] = GenerationResult(request_id, text, ids, samples)
         self._run(results, dict(zip(results, per_prompt)), use_tqdm=use_tqdm)
         return list(results.values())

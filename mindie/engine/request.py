@@ -113,6 +113,11 @@ class SamplingParams:
         return self.best_of or self.n
 
     @property
+    def num_outputs(self) -> int:
+        """Samples that produce outputs: every one generated, or a beam search's n best."""
+        return self.n if self.use_beam_search else self.num_samples
+
+    @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
 

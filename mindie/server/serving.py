@@ -153,8 +153,7 @@ class Result:
     def empty(cls, params: SamplingParams) -> Result:
         """Room for every sample the request produces: best_of (or n) samples, or the n
         hypotheses a beam search returns."""
-        count = params.n if params.use_beam_search else params.num_samples
-        return cls([SampleResult(i) for i in range(count)])
+        return cls([SampleResult(i) for i in range(params.num_outputs)])
 
     def add(self, item: StreamItem) -> None:
         out = item.output

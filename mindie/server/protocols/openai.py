@@ -357,7 +357,7 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
     head["object"] = "chat.completion.chunk"
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     names = [t.function.name for t in req.tools or ()]
-    parsers = {i: ToolCallParser(names) for i in range(gen.params.num_samples)} if _reads_calls(req) else {}
+    parsers = {i: ToolCallParser(names) for i in range(gen.params.num_outputs)} if _reads_calls(req) else {}
     called: set[int] = set()
 
     def deltas(index: int, text: str, final: bool) -> list[dict[str, Any]]:
