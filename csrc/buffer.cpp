@@ -6,7 +6,7 @@ namespace mindie::host {
 
 namespace {
 constexpr int32_t kDLCPU = 1;
-constexpr uint8_t kDLInt = 0, kDLFloat = 2, kDLBfloat = 4;
+constexpr uint8_t kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4;
 
 // torch.Tensor.__dlpack__ is a Python method with argument checks (about 3 us a call); its C entry
 // point torch._C._to_dlpack exports the same capsule in about 0.4 us, which matters when a model
@@ -63,6 +63,8 @@ Tensor::Tensor(py::handle obj, std::string name) : name_(std::move(name)) {
   else if (c == kDLFloat && b == 64) elem_ = ElemType::kFloat64;
   else if (c == kDLInt && b == 32) elem_ = ElemType::kInt32;
   else if (c == kDLInt && b == 64) elem_ = ElemType::kInt64;
+  else if (c == kDLInt && b == 8) elem_ = ElemType::kInt8;
+  else if (c == kDLUInt && b == 8) elem_ = ElemType::kUInt8;
 }
 
 int64_t Tensor::numel() const {
@@ -78,6 +80,8 @@ const char* Tensor::elem_name() const {
     case ElemType::kFloat64: return "float64";
     case ElemType::kInt32: return "int32";
     case ElemType::kInt64: return "int64";
+    case ElemType::kInt8: return "int8";
+    case ElemType::kUInt8: return "uint8";
     default: return "an unsupported dtype";
   }
 }

@@ -26,7 +26,7 @@ struct DLTensor {
 };
 struct DLManagedTensor { DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*); };
 
-enum class ElemType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64, kOther };
+enum class ElemType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64, kInt8, kUInt8, kOther };
 
 class Tensor {
  public:

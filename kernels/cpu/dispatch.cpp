@@ -9,6 +9,7 @@
 #include "cpu/layers.h"
 #include "cpu/linear.h"
 #include "cpu/paged_attention.h"
+#include "cpu/quant.h"
 #include "cpu/sampling.h"
 #include "cpu/token_mask.h"
 
@@ -28,6 +29,7 @@ namespace mindie::kernels::cpu {
   MINDIE_BEAM_SEARCH_KERNELS(X) \
   MINDIE_LAYER_KERNELS(X)       \
   MINDIE_LINEAR_KERNELS(X)       \
+  MINDIE_QUANT_KERNELS(X)        \
   MINDIE_TOKEN_MASK_KERNELS(X)
 
 #define MINDIE_DECLARE(name, Args) void name(const Args&);
@@ -100,6 +102,18 @@ bool cpu_has_avx512_bf16() {
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") != 0;
   }();
   return has;
 #else

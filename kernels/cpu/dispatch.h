@@ -18,6 +18,8 @@ void set_active_isa(Isa isa);
 const char* isa_name(Isa isa);
 // AVX512-BF16 (vdpbf16ps): the AVX-512 variant uses it for bf16 x bf16 dot products when present.
 bool cpu_has_avx512_bf16();
+// AVX512-VNNI (vpdpbusd): the AVX-512 variant's int8 dot products use it when present.
+bool cpu_has_avx512_vnni();
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

@@ -27,6 +27,25 @@ inline bf16_t float_to_bf16(float f) {
   return static_cast<bf16_t>(u >> 16);
 }
 
+// IEEE half precision (GGUF block scales) to float32, exact, subnormals included.
+inline float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  uint32_t u;
+  if (exp == 0) {
+    const float f = static_cast<float>(man) * 5.9604644775390625e-8f;  // man * 2^-24
+    std::memcpy(&u, &f, sizeof u);
+    u |= sign;
+  } else if (exp == 31) {
+    u = sign | 0x7F800000u | (man << 13);
+  } else {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  }
+  float out;
+  std::memcpy(&out, &u, sizeof out);
+  return out;
+}
+
 inline int dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
 
 }  // namespace mindie::kernels::cpu

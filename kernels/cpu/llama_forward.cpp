@@ -1,0 +1,152 @@
+#include "cpu/llama_forward.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/kv_cache.h"
+#include "cpu/layers.h"
+#include "cpu/linear.h"
+#include "cpu/paged_attention.h"
+
+namespace mindie::kernels::cpu {
+namespace {
+
+// Decode contexts split into fixed spans, whatever else is in the batch: the attention of a
+// sequence must not depend on its neighbours.
+constexpr int kAttentionPartition = 256;
+
+void check_matrix(const WeightMatrix& w, int64_t rows, int64_t cols, const char* name) {
+  if (w.rows != rows || w.cols != cols)
+    throw std::invalid_argument(std::string(name) + ": expected [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "], got [" + std::to_string(w.rows) + ", " +
+                                std::to_string(w.cols) + "]");
+  if (w.quantized && cols % qformat_info(static_cast<int>(w.q.format)).block_elems != 0)
+    throw std::invalid_argument(std::string(name) + ": columns are not a whole number of blocks");
+}
+
+template <typename T>
+T* sized(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+LlamaForward::LlamaForward(const LlamaShape& shape, std::vector<LlamaLayerWeights> layers, WeightMatrix embed,
+                           WeightMatrix lm_head, const float* final_norm)
+    : shape_(shape), layers_(std::move(layers)), embed_(embed), lm_head_(lm_head), final_norm_(final_norm) {
+  const int64_t h = shape.hidden, qs = int64_t{shape.heads} * shape.head_dim, kvs = int64_t{shape.kv_heads} * shape.head_dim;
+  if (h % 32 != 0 || shape.intermediate % 32 != 0 || qs % 32 != 0)
+    throw std::invalid_argument("hidden, intermediate and heads * head_dim must be multiples of 32");
+  check_matrix(embed_, shape.vocab, h, "token embedding");
+  check_matrix(lm_head_, shape.vocab, h, "lm_head");
+  for (const LlamaLayerWeights& l : layers_) {
+    check_matrix(l.q, qs, h, "q_proj");
+    check_matrix(l.k, kvs, h, "k_proj");
+    check_matrix(l.v, kvs, h, "v_proj");
+    check_matrix(l.o, h, qs, "o_proj");
+    check_matrix(l.gate, shape.intermediate, h, "gate_proj");
+    check_matrix(l.up, shape.intermediate, h, "up_proj");
+    check_matrix(l.down, h, shape.intermediate, "down_proj");
+  }
+}
+
+void LlamaForward::set_kv_caches(std::vector<void*> keys, std::vector<void*> values) {
+  if (keys.size() != layers_.size() || values.size() != layers_.size())
+    throw std::invalid_argument("one K and one V cache per layer expected");
+  std::lock_guard<std::mutex> lk(mu_);
+  key_caches_ = std::move(keys);
+  value_caches_ = std::move(values);
+}
+
+void LlamaForward::project(const float* x, int64_t m, int64_t k, std::initializer_list<Target> targets) {
+  QMatmulArgs q{};
+  q.m = m;
+  q.k = k;
+  for (const Target& t : targets) {
+    if (t.w->quantized) {
+      q.targets[q.num_targets++] = {t.w->q, t.bias, t.out, t.out_stride};
+      continue;
+    }
+    linear({t.out, x, t.w->dense, nullptr, m, t.w->rows, k, k, t.out_stride, DType::kFloat32, t.w->dense_dtype});
+    if (t.bias != nullptr)
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t i = 0; i < t.w->rows; ++i) t.out[r * t.out_stride + i] += t.bias[i];
+  }
+  if (q.num_targets == 0) return;
+  q.xq = sized(xq_, m * k);
+  q.xd = sized(xd_, m * k / 32);
+  quantize_activations({x, m, k, k, sized(xq_, m * k), sized(xd_, m * k / 32)});
+  qmatmul(q);
+}
+
+void LlamaForward::embed_rows(const LlamaBatch& b) {
+  const int64_t h = shape_.hidden;
+  float* out = sized(hidden_, b.tokens * h);
+  if (embed_.quantized) {
+    int32_t* ids = sized(ids_, b.tokens);
+    for (int64_t t = 0; t < b.tokens; ++t) ids[t] = static_cast<int32_t>(b.input_ids[t]);
+    dequantize_rows({embed_.q, 0, b.tokens, out, h, ids});
+    return;
+  }
+  for (int64_t t = 0; t < b.tokens; ++t) {
+    float* row = out + t * h;
+    if (embed_.dense_dtype == DType::kFloat32) {
+      std::memcpy(row, static_cast<const float*>(embed_.dense) + b.input_ids[t] * h, h * sizeof(float));
+    } else {
+      const bf16_t* src = static_cast<const bf16_t*>(embed_.dense) + b.input_ids[t] * h;
+      for (int64_t i = 0; i < h; ++i) row[i] = bf16_to_float(src[i]);
+    }
+  }
+}
+
+void LlamaForward::run(const LlamaBatch& b) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (key_caches_.size() != layers_.size()) throw std::logic_error("set_kv_caches must be called before run");
+  const LlamaShape& s = shape_;
+  const int64_t T = b.tokens, h = s.hidden, inter = s.intermediate;
+  const int64_t qsz = int64_t{s.heads} * s.head_dim, kvsz = int64_t{s.kv_heads} * s.head_dim;
+  const int64_t qkv_w = qsz + 2 * kvsz;
+  embed_rows(b);
+  float* hidden = sized(hidden_, T * h);
+  float* residual = sized(residual_, T * h);
+  float* x = sized(x_, T * h);
+  float* qkv = sized(qkv_, T * qkv_w);
+  float* attn = sized(attn_, T * qsz);
+  float* gate_up = sized(gate_up_, T * 2 * inter);
+  float* act = sized(act_, T * inter);
+  std::memcpy(residual, hidden, T * h * sizeof(float));
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const LlamaLayerWeights& L = layers_[li];
+    // Layer 0 normalises the embedding (already in the residual); later layers add their input first.
+    rms_norm({x, li == 0 ? residual : hidden, li == 0 ? nullptr : residual, L.input_norm, T, h, h, h, h, s.eps,
+              DType::kFloat32, DType::kFloat32});
+    project(x, T, h, {{&L.q, L.q_bias, qkv, qkv_w}, {&L.k, L.k_bias, qkv + qsz, qkv_w},
+                      {&L.v, L.v_bias, qkv + qsz + kvsz, qkv_w}});
+    rotary_embedding({b.positions, qkv, qkv + qsz, s.cos_sin, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
+                      qkv_w, qkv_w, true, DType::kFloat32});
+    reshape_and_cache({qkv + qsz, qkv + qsz + kvsz, qkv_w, qkv_w, key_caches_[li], value_caches_[li], b.slot_mapping,
+                       T, s.block_size, s.kv_heads, s.head_dim, DType::kFloat32, s.kv_dtype});
+    paged_attention({qkv, qkv_w, key_caches_[li], value_caches_[li], b.block_tables, b.block_table_stride,
+                     b.query_start_loc, b.seq_lens, attn, qsz, b.num_seqs, s.heads, s.kv_heads, s.head_dim,
+                     s.block_size, s.attn_scale, kAttentionPartition, DType::kFloat32, s.kv_dtype});
+    project(attn, T, qsz, {{&L.o, nullptr, hidden, h}});
+    rms_norm({x, hidden, residual, L.post_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
+    project(x, T, h, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
+    silu_and_mul({act, gate_up, T, inter, 2 * inter, inter, DType::kFloat32});
+    project(act, T, inter, {{&L.down, nullptr, hidden, h}});
+  }
+  const int64_t R = b.num_logits;
+  float* fx = sized(final_x_, R * h);
+  float* fres = sized(final_res_, R * h);
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(fx + r * h, hidden + b.logits_indices[r] * h, h * sizeof(float));
+    std::memcpy(fres + r * h, residual + b.logits_indices[r] * h, h * sizeof(float));
+  }
+  rms_norm({fx, fx, fres, final_norm_, R, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
+  project(fx, R, h, {{&lm_head_, nullptr, b.logits, s.vocab}});
+}
+
+}  // namespace mindie::kernels::cpu

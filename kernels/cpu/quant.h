@@ -1,0 +1,97 @@
+// Block-quantized weights (GGUF's formats, kept in their file layout) and the integer matmul over them.
+//
+// Every format is read through one intermediate form, the *staged row*: per weight row, k signed
+// int8 values q, one float scale per 16 values and one float offset per 32 values (zero for formats
+// without one), so that w[i] = scale[i / 16] * q[i] + offset[i / 32] exactly as the gguf package
+// dequantizes. Only staging differs per format; the dot-product kernels see staged rows alone.
+//
+// Activations are quantized per row to int8 in blocks of 32 (scale = max|x| / 127), as llama.cpp's
+// Q8 activations. A dot product then sums exact int32 block products and accumulates them in float
+// in a fixed order that depends only on k: every path (one row or many, any tile, any thread count)
+// reduces an output element the same way, so a row's result never depends on the rest of the batch.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/types.h"
+
+namespace mindie::kernels::cpu {
+
+// ggml type ids. Dense F32 / F16 / BF16 matrices are not quantized formats (see linear.h).
+enum class QFormat : int {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+};
+
+struct QFormatInfo {
+  int block_elems;  // values per block (32, or 256 for the K formats)
+  int block_bytes;
+  bool has_offset;  // w = scale * q + offset with a nonzero offset
+};
+
+// Throws std::invalid_argument for a type id that is not one of QFormat.
+QFormatInfo qformat_info(int ggml_type);
+
+// A weight matrix [rows, cols] in `format`, row-major: row r starts at data + r * row_bytes.
+struct QMatrix {
+  const uint8_t* data;
+  int64_t rows, cols, row_bytes;
+  QFormat format;
+};
+
+// Staged rows [first_row, first_row + num_rows) of a matrix; arrays are [num_rows, cols],
+// [num_rows, cols / 16] and [num_rows, cols / 32], rows back to back.
+struct StageArgs {
+  QMatrix w;
+  int64_t first_row;
+  int64_t num_rows;
+  int8_t* q;
+  float* scale;   // per 16 values
+  float* offset;  // per 32 values
+};
+
+// out[r, i] = scale * q + offset of rows [first_row, first_row + num_rows), float32.
+struct DequantizeArgs {
+  QMatrix w;
+  int64_t first_row;
+  int64_t num_rows;
+  float* out;
+  int64_t out_stride;
+  const int32_t* row_ids;  // optional: gather these rows (num_rows of them) instead of a range
+};
+
+// Per row of x [m, k] (float32, k a multiple of 32): q [m, k] int8 in [-127, 127] and d [m, k / 32],
+// x ~= d * q block by block (round to nearest even).
+struct QuantizeActivationsArgs {
+  const float* x;
+  int64_t m, k, x_stride;
+  int8_t* q;
+  float* d;
+};
+
+// out_j[m, rows_j] = x @ W_j^T (+ bias_j) for a few matrices that share one quantized input: their
+// rows are split over the threads as one range (a layer's q/k/v or gate/up in one call).
+struct QMatmulTarget {
+  QMatrix w;
+  const float* bias;  // [rows] or nullptr
+  float* out;         // [m, rows] with row stride out_stride
+  int64_t out_stride;
+};
+constexpr int kMaxQMatmulTargets = 4;
+struct QMatmulArgs {
+  QMatmulTarget targets[kMaxQMatmulTargets];
+  int num_targets;
+  const int8_t* xq;  // [m, k]
+  const float* xd;   // [m, k / 32]
+  int64_t m, k;
+};
+
+void stage_rows(const StageArgs& args);
+void dequantize_rows(const DequantizeArgs& args);
+void quantize_activations(const QuantizeActivationsArgs& args);
+void qmatmul(const QMatmulArgs& args);
+
+#define MINDIE_QUANT_KERNELS(X)                                                           \
+  X(stage_rows, StageArgs) X(dequantize_rows, DequantizeArgs) X(quantize_activations, QuantizeActivationsArgs) \
+  X(qmatmul, QMatmulArgs)
+
+}  // namespace mindie::kernels::cpu

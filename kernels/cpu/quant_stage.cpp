@@ -1,0 +1,187 @@
+// Staging: each GGUF block format decoded to the kernels' one form (see quant.h). The loops are
+// plain C++ over one block, written so the compiler vectorizes them in every ISA variant.
+#include <cstring>
+#include <vector>
+
+#include "cpu/parallel.h"
+#include "cpu/quant.h"
+#include "cpu/vec.h"
+
+namespace mindie::kernels::cpu {
+namespace MINDIE_ISA_NS {
+namespace {
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_float(h);
+}
+
+// 16 bytes of nibbles: low halves are values 0..15, high halves 16..31 (ggml's order).
+inline void nibbles(const uint8_t* qs, int8_t* q, int bias) {
+  for (int i = 0; i < 16; ++i) {
+    q[i] = static_cast<int8_t>((qs[i] & 0x0F) - bias);
+    q[i + 16] = static_cast<int8_t>((qs[i] >> 4) - bias);
+  }
+}
+
+// Nibbles plus a fifth bit from the 32-bit mask qh (bit i for value i).
+inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q, int bias) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int i = 0; i < 16; ++i) {
+    q[i] = static_cast<int8_t>(((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4)) - bias);
+    q[i + 16] = static_cast<int8_t>(((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - bias);
+  }
+}
+
+void stage_q4_0(const uint8_t* b, int8_t* q, float* s, float* o) {
+  s[0] = s[1] = half(b);
+  o[0] = 0.f;
+  nibbles(b + 2, q, 8);
+}
+
+void stage_q4_1(const uint8_t* b, int8_t* q, float* s, float* o) {
+  s[0] = s[1] = half(b);
+  o[0] = half(b + 2);
+  nibbles(b + 4, q, 0);
+}
+
+void stage_q5_0(const uint8_t* b, int8_t* q, float* s, float* o) {
+  s[0] = s[1] = half(b);
+  o[0] = 0.f;
+  nibbles5(b + 6, b + 2, q, 16);
+}
+
+void stage_q5_1(const uint8_t* b, int8_t* q, float* s, float* o) {
+  s[0] = s[1] = half(b);
+  o[0] = half(b + 2);
+  nibbles5(b + 8, b + 4, q, 0);
+}
+
+void stage_q8_0(const uint8_t* b, int8_t* q, float* s, float* o) {
+  s[0] = s[1] = half(b);
+  o[0] = 0.f;
+  std::memcpy(q, b + 2, 32);
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* sc, int* scale, int* min) {
+  if (j < 4) {
+    *scale = sc[j] & 63;
+    *min = sc[j + 4] & 63;
+  } else {
+    *scale = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+    *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+  }
+}
+
+// Q4_K: d, dmin, 12 bytes of packed scales/mins, 128 bytes of nibbles; each 64 values are one
+// 32-byte run whose low nibbles are sub-block 2i and high nibbles sub-block 2i + 1.
+void stage_q4_k(const uint8_t* b, int8_t* q, float* s, float* o) {
+  const float d = half(b), dmin = half(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qs = b + 16;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, scales, &sc, &m);
+    s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
+    o[j] = -(dmin * static_cast<float>(m));
+    const uint8_t* run = qs + 32 * (j / 2);
+    const int shift = (j % 2) * 4;
+    for (int i = 0; i < 32; ++i) q[32 * j + i] = static_cast<int8_t>((run[i] >> shift) & 0x0F);
+  }
+}
+
+// Q5_K: as Q4_K, plus 32 bytes qh whose bit j holds the fifth bit of sub-block j's value i.
+void stage_q5_k(const uint8_t* b, int8_t* q, float* s, float* o) {
+  const float d = half(b), dmin = half(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int j = 0; j < 8; ++j) {
+    int sc, m;
+    scale_min_k4(j, scales, &sc, &m);
+    s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
+    o[j] = -(dmin * static_cast<float>(m));
+    const uint8_t* run = qs + 32 * (j / 2);
+    const int shift = (j % 2) * 4;
+    for (int i = 0; i < 32; ++i)
+      q[32 * j + i] = static_cast<int8_t>(((run[i] >> shift) & 0x0F) | (((qh[i] >> j) & 1) << 4));
+  }
+}
+
+// Q6_K: ql[128] low nibbles, qh[64] two high bits each, int8 scales[16] (one per 16 values), d.
+// Per 128 values h: value l + 32 g (l < 32, g < 4) takes nibble (g & 1 ? ql[l + 32] : ql[l]) >> (g >= 2 ? 4 : 0)
+// and bits (qh[l] >> 2g) & 3.
+void stage_q6_k(const uint8_t* b, int8_t* q, float* s, float* o) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half(b + 208);
+  for (int i = 0; i < 16; ++i) s[i] = d * static_cast<float>(scales[i]);
+  for (int j = 0; j < 8; ++j) o[j] = 0.f;
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* l4 = ql + 64 * h;
+    const uint8_t* h2 = qh + 32 * h;
+    int8_t* out = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<int8_t>(((l4[l] & 0x0F) | ((h2[l] & 3) << 4)) - 32);
+      out[l + 32] = static_cast<int8_t>(((l4[l + 32] & 0x0F) | (((h2[l] >> 2) & 3) << 4)) - 32);
+      out[l + 64] = static_cast<int8_t>(((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32);
+      out[l + 96] = static_cast<int8_t>(((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32);
+    }
+  }
+}
+
+using StageBlock = void (*)(const uint8_t*, int8_t*, float*, float*);
+
+StageBlock stage_block(QFormat f) {
+  switch (f) {
+    case QFormat::kQ4_0: return stage_q4_0;
+    case QFormat::kQ4_1: return stage_q4_1;
+    case QFormat::kQ5_0: return stage_q5_0;
+    case QFormat::kQ5_1: return stage_q5_1;
+    case QFormat::kQ8_0: return stage_q8_0;
+    case QFormat::kQ4_K: return stage_q4_k;
+    case QFormat::kQ5_K: return stage_q5_k;
+    case QFormat::kQ6_K: return stage_q6_k;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void stage_rows(const StageArgs& a) {
+  const QFormatInfo info = qformat_info(static_cast<int>(a.w.format));
+  const StageBlock fn = stage_block(a.w.format);
+  const int64_t k = a.w.cols, blocks = k / info.block_elems, be = info.block_elems;
+  for (int64_t r = 0; r < a.num_rows; ++r) {
+    const uint8_t* row = a.w.data + (a.first_row + r) * a.w.row_bytes;
+    int8_t* q = a.q + r * k;
+    float* s = a.scale + r * (k / 16);
+    float* o = a.offset + r * (k / 32);
+    for (int64_t b = 0; b < blocks; ++b)
+      fn(row + b * info.block_bytes, q + b * be, s + b * (be / 16), o + b * (be / 32));
+  }
+}
+
+void dequantize_rows(const DequantizeArgs& a) {
+  const int64_t k = a.w.cols;
+  parallel_for(a.num_rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<int8_t> q(k);
+    std::vector<float> s(k / 16), o(k / 32);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t row = a.row_ids != nullptr ? a.row_ids[r] : a.first_row + r;
+      stage_rows({a.w, row, 1, q.data(), s.data(), o.data()});
+      float* out = a.out + r * a.out_stride;
+      for (int64_t i = 0; i < k; ++i) {
+        const float scaled = s[i / 16] * static_cast<float>(q[i]);
+        out[i] = scaled + o[i / 32];
+      }
+    }
+  });
+}
+
+}  // namespace MINDIE_ISA_NS
+}  // namespace mindie::kernels::cpu

@@ -1,0 +1,172 @@
+// Int8 dot products for the quantized matmul (quant_matmul.cpp), one struct per ISA variant: the
+// only other file with intrinsics besides vec.h. A *step* covers kValues weights of one staged row
+// (see quant.h) against the same kValues activations; accumulate() adds
+//   sum over 4-value lanes of  float(int32 lane dot) * (weight scale * activation scale)
+//   + weight offset * activation lane sum
+// into a float accumulator, always with the same operations in the same order, so that an output
+// element is reduced identically wherever it is computed.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/vec.h"
+
+namespace mindie::kernels::cpu {
+namespace MINDIE_ISA_NS {
+
+#if defined(MINDIE_ISA_AVX512)
+
+// Two 32-value blocks per step; 16 lanes of 4 values each. Vnni: vpdpbusd, else vpmaddubsw+vpmaddwd
+// (the same exact int32 sums either way).
+template <bool Vnni>
+struct Int8Dot {
+  static constexpr int kValues = 64;
+  struct Acc { __m512 v; };
+  struct W { __m512i absq; __mmask64 neg; __m512 scale, offset; };
+  struct X { __m512i q; __m512 d, sum; };
+
+  static __mmask64 value_mask(int n) { return n >= 64 ? ~0ULL : (1ULL << n) - 1ULL; }
+  static __m512i dot(__m512i u, __m512i s) {
+    if constexpr (Vnni) return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+    else return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+  }
+  static Acc zero() { return {_mm512_setzero_ps()}; }
+  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int n) {
+    const __m512i qv = _mm512_maskz_loadu_epi8(value_mask(n), q);
+    const __mmask16 groups = n >= 64 ? 0xF : 0x3, blocks = n >= 64 ? 0x3 : 0x1;
+    const __m512i by4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i by8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv),
+            _mm512_permutexvar_ps(by4, _mm512_maskz_loadu_ps(groups, scale16)),
+            _mm512_permutexvar_ps(by8, _mm512_maskz_loadu_ps(blocks, offset32))};
+  }
+  static X load_x(const int8_t* q, const float* d32, bool with_sum, int n) {
+    const __m512i qv = _mm512_maskz_loadu_epi8(value_mask(n), q);
+    const __m512i by8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 d = _mm512_permutexvar_ps(by8, _mm512_maskz_loadu_ps(n >= 64 ? 0x3 : 0x1, d32));
+    __m512 sum = _mm512_setzero_ps();
+    if (with_sum) sum = _mm512_mul_ps(_mm512_cvtepi32_ps(dot(_mm512_set1_epi8(1), qv)), d);
+    return {qv, d, sum};
+  }
+  template <bool HasOffset>
+  static void accumulate(Acc& acc, const W& w, const X& x) {
+    const __m512i signed_x = _mm512_mask_sub_epi8(x.q, w.neg, _mm512_setzero_si512(), x.q);
+    const __m512 f = _mm512_cvtepi32_ps(dot(w.absq, signed_x));
+    acc.v = _mm512_fmadd_ps(f, _mm512_mul_ps(w.scale, x.d), acc.v);
+    if constexpr (HasOffset) acc.v = _mm512_fmadd_ps(w.offset, x.sum, acc.v);
+  }
+  static float reduce(const Acc& acc) { return _mm512_reduce_add_ps(acc.v); }
+};
+
+// x ~= d * q for one block of 32 floats; returns d.
+inline float quantize_block32(const float* x, int8_t* q) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 iv = _mm512_set1_ps(inv);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, iv))));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16),
+                   _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, iv))));
+  return amax / 127.f;
+}
+
+#elif defined(MINDIE_ISA_AVX2)
+
+// One 32-value block per step; 8 lanes of 4 values each (lanes 0-3 use the first 16-value scale).
+template <bool Vnni>
+struct Int8Dot {
+  static constexpr int kValues = 32;
+  struct Acc { __m256 v; };
+  struct W { __m256i q, absq; __m256 scale, offset; };
+  struct X { __m256i q; __m256 d, sum; };
+
+  static __m256i dot(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  }
+  static Acc zero() { return {_mm256_setzero_ps()}; }
+  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int) {
+    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    return {qv, _mm256_abs_epi8(qv), _mm256_set_m128(_mm_set1_ps(scale16[1]), _mm_set1_ps(scale16[0])),
+            _mm256_set1_ps(offset32[0])};
+  }
+  static X load_x(const int8_t* q, const float* d32, bool with_sum, int) {
+    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    const __m256 d = _mm256_set1_ps(d32[0]);
+    __m256 sum = _mm256_setzero_ps();
+    if (with_sum) sum = _mm256_mul_ps(_mm256_cvtepi32_ps(dot(_mm256_set1_epi8(1), qv)), d);
+    return {qv, d, sum};
+  }
+  template <bool HasOffset>
+  static void accumulate(Acc& acc, const W& w, const X& x) {
+    const __m256 f = _mm256_cvtepi32_ps(dot(w.absq, _mm256_sign_epi8(x.q, w.q)));
+    acc.v = _mm256_fmadd_ps(f, _mm256_mul_ps(w.scale, x.d), acc.v);
+    if constexpr (HasOffset) acc.v = _mm256_fmadd_ps(w.offset, x.sum, acc.v);
+  }
+  static float reduce(const Acc& acc) { return VecF(acc.v).reduce_add(); }
+};
+
+inline float quantize_block32(const float* x, int8_t* q) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+  }
+  const float amax = VecF(m).reduce_max();
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m256 iv = _mm256_set1_ps(inv);
+  __m256i w[4];
+  for (int i = 0; i < 4; ++i) w[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], iv));
+  // packs interleave 128-bit lanes; the permute puts the 32 values back in order.
+  const __m256i p16a = _mm256_packs_epi32(w[0], w[1]), p16b = _mm256_packs_epi32(w[2], w[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return amax / 127.f;
+}
+
+#else  // scalar
+
+template <bool Vnni>
+struct Int8Dot {
+  static constexpr int kValues = 32;
+  struct Acc { float v; };
+  struct W { const int8_t* q; float scale[2]; float offset; };
+  struct X { const int8_t* q; float d, sum; };
+
+  static Acc zero() { return {0.f}; }
+  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int) {
+    return {q, {scale16[0], scale16[1]}, offset32[0]};
+  }
+  static X load_x(const int8_t* q, const float* d32, bool with_sum, int) {
+    int32_t s = 0;
+    if (with_sum)
+      for (int i = 0; i < 32; ++i) s += q[i];
+    return {q, d32[0], static_cast<float>(s) * d32[0]};
+  }
+  template <bool HasOffset>
+  static void accumulate(Acc& acc, const W& w, const X& x) {
+    for (int g = 0; g < 2; ++g) {
+      int32_t s = 0;
+      for (int i = 16 * g; i < 16 * g + 16; ++i) s += static_cast<int32_t>(w.q[i]) * x.q[i];
+      acc.v += static_cast<float>(s) * (w.scale[g] * x.d);
+    }
+    if constexpr (HasOffset) acc.v += w.offset * x.sum;
+  }
+  static float reduce(const Acc& acc) { return acc.v; }
+};
+
+inline float quantize_block32(const float* x, int8_t* q) {
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int i = 0; i < 32; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+  return amax / 127.f;
+}
+
+#endif
+
+}  // namespace MINDIE_ISA_NS
+}  // namespace mindie::kernels::cpu
