@@ -40,7 +40,8 @@ void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) 
   x.expect(ElemType::kFloat32).expect_ndim(2).expect_inner_contiguous(1);
   const int64_t m = x.size(0), k = x.size(1);
   if (k % 32 != 0) fail("x: in_features must be a multiple of 32");
-  q.expect(ElemType::kInt8).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of x").expect_size(1, k, "columns of x");
+  q.expect(ElemType::kInt8).expect_ndim(3).expect_contiguous().expect_size(0, m, "rows of x").expect_size(1, 2, "planes")
+      .expect_size(2, k, "columns of x");
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of x")
       .expect_size(1, k / 32, "blocks of x");
   kc::QuantizeActivationsArgs args{x.ptr<float>(), m, k, x.stride(0), q.ptr<int8_t>(), d.ptr<float>()};
@@ -51,8 +52,8 @@ void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) 
 void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle data_obj, int ggml_type,
              py::handle bias_obj) {
   Tensor out(out_obj, "out"), q(q_obj, "xq"), d(d_obj, "xd");
-  q.expect(ElemType::kInt8).expect_ndim(2).expect_contiguous();
-  const int64_t m = q.size(0), k = q.size(1);
+  q.expect(ElemType::kInt8).expect_ndim(3).expect_contiguous().expect_size(1, 2, "planes");
+  const int64_t m = q.size(0), k = q.size(2);
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of xq")
       .expect_size(1, k / 32, "blocks of xq");
   const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, k, "weight");
@@ -81,7 +82,7 @@ void bind_quant(py::module_& m) {
   m.def("dequantize", &dequantize, py::arg("out"), py::arg("data"), py::arg("ggml_type"),
         "out [rows, cols] float32 = the GGUF blocks data [rows, row_bytes] (uint8) of ggml type ggml_type.");
   m.def("quantize_activations", &quantize_activations, py::arg("q"), py::arg("d"), py::arg("x"),
-        "Per row, blocks of 32: x [m, k] float32 ~= d [m, k/32] * q [m, k] int8.");
+        "Per row, blocks of 32: x [m, k] float32 ~= d [m, k/32] * (128 * q[:, 0] + q[:, 1]), q [m, 2, k] int8.");
   m.def("qmatmul", &qmatmul, py::arg("out"), py::arg("xq"), py::arg("xd"), py::arg("weight"), py::arg("ggml_type"),
         py::arg("bias") = py::none(),
         "out [m, n] float32 = dequant(xq, xd) @ W^T (+ bias) with int8 dot products; W the GGUF blocks "

@@ -32,6 +32,12 @@ PYBIND11_MODULE(_C, m) {
     for (kc::Isa isa : kc::available_isas()) names.emplace_back(kc::isa_name(isa));
     return names;
   }, "Kernel variants this build has and this CPU runs, best last.");
+  m.def("cpu_features", [] {
+    pybind11::dict d;
+    d["avx512_bf16"] = kc::cpu_has_avx512_bf16();
+    d["avx512_vnni"] = kc::cpu_has_avx512_vnni();
+    return d;
+  }, "Optional instructions the kernels use when the CPU has them.");
   m.def("get_isa", [] { return std::string(kc::isa_name(kc::active_isa())); }, "The active kernel variant.");
   m.def("set_isa", [](const std::string& name) {
     try {

@@ -38,14 +38,13 @@ class GenerationResult:
 
 class LLM:
     """Loads a model (a GGUF file, a Hugging Face directory, or the embedded SmolLM2 default when
-    `model` is None) and generates offline. `**config` takes MindIE engine keys
+    `model` is None) and generates offline. `dtype` and `quantization` are load_model's (auto: the
+    CPU's fast path). `**config` takes MindIE engine keys
     (`cacheBlockSize`, `maxPrefillTokens`, `maxSeqLen`, ...; see mindie.config)."""
 
-    def __init__(self, model: str | None = None, dtype: str = "bfloat16", **config: Any) -> None:
-        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-        if dtype not in dtypes:
-            raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-        self.engine = LLMEngine(load_model(model, dtypes[dtype]), EngineConfig.from_mindie(config))
+    def __init__(self, model: str | None = None, dtype: str = "auto", quantization: str = "auto",
+                 **config: Any) -> None:
+        self.engine = LLMEngine(load_model(model, dtype, quantization), EngineConfig.from_mindie(config))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -38,7 +38,8 @@ void tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t
     const int n = static_cast<int>(std::min<int64_t>(D::kValues, k - i));
     typename D::X x[C];
     for (int c = 0; c < C; ++c)
-      x[c] = D::load_x(a.xq + (c0 + c) * k + i, a.xd + (c0 + c) * (k / 32) + i / 32, HasOffset, n);
+      x[c] = D::load_x(a.xq + (c0 + c) * 2 * k + i, a.xq + (c0 + c) * 2 * k + k + i, a.xd + (c0 + c) * (k / 32) + i / 32,
+                       HasOffset, n);
     for (int r = 0; r < kTileRows; ++r) {
       const typename D::W wv =
           D::load_w(w.q.data() + r * k + i, w.scale.data() + r * (k / 16) + i / 16, w.offset.data() + r * (k / 32) + i / 32, n);
@@ -102,7 +103,8 @@ void quantize_activations(const QuantizeActivationsArgs& a) {
   parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t b = 0; b < blocks; ++b)
-        a.d[r * blocks + b] = quantize_block32(a.x + r * a.x_stride + 32 * b, a.q + r * a.k + 32 * b);
+        a.d[r * blocks + b] =
+            quantize_block32(a.x + r * a.x_stride + 32 * b, a.q + r * 2 * a.k + 32 * b, a.q + r * 2 * a.k + a.k + 32 * b);
   });
 }
 

@@ -1,4 +1,5 @@
-"""Reads a GGUF file: model shape, float32 weights under Hugging Face names, tokenizer metadata.
+"""Reads a GGUF file: model shape, weights under Hugging Face names (float32, or kept in their ggml
+format for the quantized path), tokenizer metadata.
 
 llama.cpp's converter permutes the q/k projection rows of Llama-architecture models for its
 interleaved rotary layout; they are permuted back here so one model definition (Hugging Face
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 from mindie.model.config import ModelConfig
-from mindie.model.gguf_header import read_header
+from mindie.model.gguf_header import GGUFHeader, read_header
+from mindie.model.quantized import GGML_F16, GGML_F32, QuantizedWeight, from_gguf_tensor
 
 _SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
@@ -62,10 +64,7 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf(path: str) -> GGUFContents:
-    import gguf  # a runtime dependency, imported where it is needed
-
-    header = read_header(path)
+def _config(path: str, header: GGUFHeader) -> ModelConfig:
     fields = header.fields
     arch = fields.get("general.architecture")
     if arch not in ("llama", "mistral", "qwen2"):
@@ -76,19 +75,18 @@ def read_gguf(path: str) -> GGUFContents:
 
     tokens = fields.get("tokenizer.ggml.tokens") or []
     heads = int(meta("attention.head_count"))
-    kv_heads = int(meta("attention.head_count_kv", heads))
     hidden = int(meta("embedding_length"))
     names = {t.name for t in header.tensors}
     eos = fields.get("tokenizer.ggml.eos_token_id")
     bos = fields.get("tokenizer.ggml.bos_token_id")
-    config = ModelConfig(
+    return ModelConfig(
         architecture=arch,
         vocab_size=int(meta("vocab_size", len(tokens))),
         hidden_size=hidden,
         intermediate_size=int(meta("feed_forward_length")),
         num_layers=int(meta("block_count")),
         num_heads=heads,
-        num_kv_heads=kv_heads,
+        num_kv_heads=int(meta("attention.head_count_kv", heads)),
         head_dim=int(meta("attention.key_length", hidden // heads)),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
@@ -98,6 +96,29 @@ def read_gguf(path: str) -> GGUFContents:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
+
+
+def _heads_to_unpermute(config: ModelConfig, name: str) -> int | None:
+    """llama.cpp permutes q/k rows of Llama-architecture models; the head count to undo it with."""
+    if config.architecture != "llama":
+        return None
+    if name.endswith("attn_q.weight"):
+        return config.num_heads
+    if name.endswith("attn_k.weight"):
+        return config.num_kv_heads
+    return None
+
+
+def _metadata(header: GGUFHeader) -> dict[str, Any]:
+    return {k: v for k, v in header.fields.items() if k.startswith(("tokenizer.", "general."))}
+
+
+def read_gguf(path: str) -> GGUFContents:
+    """Every tensor dequantized to float32: the exact path, for parity with transformers."""
+    import gguf  # a runtime dependency, imported where it is needed
+
+    header = read_header(path)
+    config = _config(path, header)
     weights: dict[str, torch.Tensor] = {}
     for t in header.tensors:
         try:
@@ -108,11 +129,47 @@ def read_gguf(path: str) -> GGUFContents:
             raise ValueError(f"{path}: tensor {t.name} has ggml type {t.qtype}; supported: {sorted(_SUPPORTED_QUANTS)}")
         w = np.asarray(gguf.quants.dequantize(header.tensor_bytes(t), qtype), dtype=np.float32)
         w = w.reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else [int(t.shape[0])])
-        if arch == "llama" and t.name.endswith("attn_q.weight"):
+        heads = _heads_to_unpermute(config, t.name)
+        if heads is not None:
             w = _unpermute(w, heads)
-        elif arch == "llama" and t.name.endswith("attn_k.weight"):
-            w = _unpermute(w, kv_heads)
         # F32/F16 tensors come back as read-only views of the memory-mapped file.
         weights[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
-    metadata = {k: v for k, v in fields.items() if k.startswith(("tokenizer.", "general."))}
-    return GGUFContents(config, weights, metadata)
+    return GGUFContents(config, weights, _metadata(header))
+
+
+@dataclass
+class QuantizedGGUFContents:
+    config: ModelConfig
+    matrices: dict[str, QuantizedWeight]  # 2-D weights in their file format, Hugging Face names
+    vectors: dict[str, torch.Tensor]  # norms and biases, float32
+    metadata: dict[str, Any]
+
+
+def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
+    """Matrices copied out of the file in their own format (no dense copy); only llama.cpp's q/k row
+    permutation is undone, which moves whole rows of blocks."""
+    header = read_header(path)
+    config = _config(path, header)
+    matrices: dict[str, QuantizedWeight] = {}
+    vectors: dict[str, torch.Tensor] = {}
+    raw: np.ndarray | None = None
+    for t in header.tensors:
+        raw = header.tensor_bytes(t)
+        if len(t.shape) == 1:
+            if t.qtype not in (GGML_F32, GGML_F16):
+                raise ValueError(f"{path}: 1-D tensor {t.name} has ggml type {t.qtype}; expected F32 or F16")
+            vectors[_hf_name(t.name)] = torch.from_numpy(np.array(raw, dtype=np.float32).reshape(-1))
+            continue
+        rows = int(np.prod(t.shape[1:]))
+        try:
+            w = from_gguf_tensor(t.qtype, raw.reshape(rows, -1), int(t.shape[0]))
+        except ValueError as e:
+            raise ValueError(f"{path}: tensor {t.name}: {e}") from None
+        heads = _heads_to_unpermute(config, t.name)
+        if heads is not None:
+            w = w.permute_rows(_unpermute(np.arange(rows), heads))
+        matrices[_hf_name(t.name)] = w
+    metadata = _metadata(header)
+    del raw  # the last view into the mapping
+    header.data.close()  # every tensor was copied: the mapping would only keep the file resident
+    return QuantizedGGUFContents(config, matrices, vectors, metadata)

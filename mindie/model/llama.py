@@ -64,6 +64,7 @@ class LlamaModel:
             raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
         self.config = config
         self.dtype = dtype
+        self.kv_dtype = dtype
 
         def take(name: str) -> torch.Tensor:
             if name not in weights:

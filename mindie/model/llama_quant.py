@@ -1,0 +1,102 @@
+"""The Llama-family decoder over weights kept in their ggml formats, one C++ call per step.
+
+Same interface as `LlamaModel` (allocate_kv_cache, forward over AttentionMetadata), but the whole
+layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights, float32
+everywhere else, and a KV cache in `kv_dtype`. Every path a token row can take reduces it the same
+way, so its logits do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+
+from mindie import _C
+from mindie.model.config import ModelConfig
+from mindie.model.llama import AttentionMetadata, rope_cos_sin
+from mindie.model.quantized import QuantizedWeight
+
+
+class QuantizedLlamaModel:
+    def __init__(self, config: ModelConfig, matrices: dict[str, QuantizedWeight],
+                 vectors: dict[str, torch.Tensor], kv_dtype: torch.dtype) -> None:
+        if kv_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {kv_dtype}")
+        self.config = config
+        self.dtype = kv_dtype
+        self.kv_dtype = kv_dtype
+
+        def matrix(name: str) -> QuantizedWeight:
+            if name not in matrices:
+                raise KeyError(f"weight {name!r} missing from the checkpoint")
+            return matrices[name]
+
+        def vector(name: str) -> torch.Tensor | None:
+            v = vectors.get(name)
+            return None if v is None else v.float().contiguous()
+
+        self.embed = matrix("model.embed_tokens.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else matrix("lm_head.weight")
+        self.matrices = {"model.embed_tokens.weight": self.embed, "lm_head.weight": self.lm_head}
+        self._layers: list[dict[str, object]] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            layer: dict[str, object] = {
+                "input_norm": vector(p + "input_layernorm.weight"),
+                "post_norm": vector(p + "post_attention_layernorm.weight"),
+            }
+            for key, name in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+                              ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
+                              ("down", "mlp.down_proj")):
+                w = matrix(p + name + ".weight")
+                self.matrices[p + name + ".weight"] = w
+                layer[key] = w.spec()
+            for key in "qkv":
+                layer[f"{key}_bias"] = vector(p + f"self_attn.{key}_proj.bias") if config.qkv_bias else None
+            self._layers.append(layer)
+        final_norm = vector("model.norm.weight")
+        if final_norm is None or any(layer["input_norm"] is None or layer["post_norm"] is None for layer in self._layers):
+            raise KeyError("norm weights missing from the checkpoint")
+        self._final_norm = final_norm
+        self._cos_sin = rope_cos_sin(config, config.max_position)
+        self._step: _C.LlamaForward | None = None
+        self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    @property
+    def weight_formats(self) -> dict[str, int]:
+        """Format name -> number of matrices in it (start-up log)."""
+        return dict(Counter(w.format_name for w in {id(w): w for w in self.matrices.values()}.values()))
+
+    @property
+    def weight_bytes(self) -> int:
+        unique = {id(w): w for w in self.matrices.values()}.values()
+        return sum(w.nbytes for w in unique) + sum(
+            t.numel() * 4 for layer in self._layers for t in layer.values() if isinstance(t, torch.Tensor))
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        c = self.config
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        caches = [(torch.zeros(shape, dtype=self.kv_dtype), torch.zeros(shape, dtype=self.kv_dtype))
+                  for _ in range(c.num_layers)]
+        dims = {
+            "hidden": c.hidden_size, "intermediate": c.intermediate_size, "vocab": c.vocab_size,
+            "heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,
+            "attn_scale": 1.0 / math.sqrt(c.head_dim), "block_size": block_size, "cos_sin": self._cos_sin,
+            "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
+        }
+        step = _C.LlamaForward(dims, self._layers, self.embed.spec(), self.lm_head.spec(), self._final_norm)
+        step.set_kv_caches([k for k, _ in caches], [v for _, v in caches])
+        self._step, self._caches = step, caches
+        return caches
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Returns float32 logits [len(meta.logits_indices), vocab]."""
+        if self._step is None or kv_caches is not self._caches:
+            raise ValueError("forward needs the KV caches this model allocated (allocate_kv_cache)")
+        logits = torch.empty(meta.logits_indices.shape[0], self.config.vocab_size, dtype=torch.float32)
+        self._step.run(logits, input_ids, meta.positions, meta.slot_mapping, meta.block_tables,
+                       meta.query_start_loc, meta.seq_lens, meta.logits_indices)
+        return logits
