@@ -15,7 +15,9 @@ namespace MINDIE_ISA_NS {
 namespace {
 
 constexpr int kTileRows = 4;
-constexpr int kTileCols = 4;
+// 4 x 2 accumulators and two activation steps stay in the 32 vector registers of AVX-512; a 4 x 4
+// tile spills them to the stack.
+constexpr int kTileCols = 2;
 
 struct Staged {
   std::vector<int8_t> q;
@@ -56,25 +58,23 @@ template <class D, bool HasOffset>
 void apply_tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
   int64_t c0 = 0;
   for (; c0 + kTileCols <= a.m; c0 += kTileCols) tile<D, kTileCols, HasOffset>(w, a, t, row0, rows, c0);
-  switch (a.m - c0) {
-    case 3: tile<D, 3, HasOffset>(w, a, t, row0, rows, c0); break;
-    case 2: tile<D, 2, HasOffset>(w, a, t, row0, rows, c0); break;
-    case 1: tile<D, 1, HasOffset>(w, a, t, row0, rows, c0); break;
-    default: break;
-  }
+  if (c0 < a.m) tile<D, 1, HasOffset>(w, a, t, row0, rows, c0);
 }
 
 template <class D>
 void run(const QMatmulArgs& a) {
   // Tiles of every target, back to back: target j owns tiles [first[j], first[j + 1]).
   int64_t first[kMaxQMatmulTargets + 1] = {0};
-  for (int j = 0; j < a.num_targets; ++j)
+  bool has_offset[kMaxQMatmulTargets] = {};
+  for (int j = 0; j < a.num_targets; ++j) {
     first[j + 1] = first[j] + (a.targets[j].w.rows + kTileRows - 1) / kTileRows;
+    has_offset[j] = qformat_info(static_cast<int>(a.targets[j].w.format)).has_offset;
+  }
   const int64_t tiles = first[a.num_targets];
   const int64_t threads = std::min<int64_t>(get_num_threads(), tiles);
   const int64_t per = (tiles + threads - 1) / threads;
   parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
-    thread_local Staged staged;
+    Staged staged;
     staged.resize(a.k);
     for (int64_t th = tb; th < te; ++th) {
       for (int64_t ti = th * per; ti < std::min(tiles, (th + 1) * per); ++ti) {
@@ -89,7 +89,7 @@ void run(const QMatmulArgs& a) {
           std::fill(staged.scale.begin() + rows * a.k / 16, staged.scale.end(), 0.f);
           std::fill(staged.offset.begin() + rows * a.k / 32, staged.offset.end(), 0.f);
         }
-        if (qformat_info(static_cast<int>(t.w.format)).has_offset) apply_tile<D, true>(staged, a, t, row0, rows);
+        if (has_offset[j]) apply_tile<D, true>(staged, a, t, row0, rows);
         else apply_tile<D, false>(staged, a, t, row0, rows);
       }
     }

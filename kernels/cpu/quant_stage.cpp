@@ -5,25 +5,16 @@
 
 #include "cpu/parallel.h"
 #include "cpu/quant.h"
-#include "cpu/vec.h"
+#include "cpu/vec_int8.h"
 
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-inline float half(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_float(h);
-}
+inline float half(const uint8_t* p) { return half_to_float(p); }
 
 // 16 bytes of nibbles: low halves are values 0..15, high halves 16..31 (ggml's order).
-inline void nibbles(const uint8_t* qs, int8_t* q, int bias) {
-  for (int i = 0; i < 16; ++i) {
-    q[i] = static_cast<int8_t>((qs[i] & 0x0F) - bias);
-    q[i + 16] = static_cast<int8_t>((qs[i] >> 4) - bias);
-  }
-}
+inline void nibbles(const uint8_t* qs, int8_t* q, int bias) { unpack_nibbles(qs, q, bias); }
 
 // Nibbles plus a fifth bit from the 32-bit mask qh (bit i for value i).
 inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q, int bias) {
@@ -134,35 +125,32 @@ void stage_q6_k(const uint8_t* b, int8_t* q, float* s, float* o) {
   }
 }
 
-using StageBlock = void (*)(const uint8_t*, int8_t*, float*, float*);
-
-StageBlock stage_block(QFormat f) {
-  switch (f) {
-    case QFormat::kQ4_0: return stage_q4_0;
-    case QFormat::kQ4_1: return stage_q4_1;
-    case QFormat::kQ5_0: return stage_q5_0;
-    case QFormat::kQ5_1: return stage_q5_1;
-    case QFormat::kQ8_0: return stage_q8_0;
-    case QFormat::kQ4_K: return stage_q4_k;
-    case QFormat::kQ5_K: return stage_q5_k;
-    case QFormat::kQ6_K: return stage_q6_k;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
-void stage_rows(const StageArgs& a) {
-  const QFormatInfo info = qformat_info(static_cast<int>(a.w.format));
-  const StageBlock fn = stage_block(a.w.format);
-  const int64_t k = a.w.cols, blocks = k / info.block_elems, be = info.block_elems;
+// The block loop with the block decoder inlined (a call per 32 values costs as much as the decode).
+template <void (*Fn)(const uint8_t*, int8_t*, float*, float*), int BlockElems, int BlockBytes>
+void stage(const StageArgs& a) {
+  const int64_t k = a.w.cols, blocks = k / BlockElems;
   for (int64_t r = 0; r < a.num_rows; ++r) {
     const uint8_t* row = a.w.data + (a.first_row + r) * a.w.row_bytes;
     int8_t* q = a.q + r * k;
     float* s = a.scale + r * (k / 16);
     float* o = a.offset + r * (k / 32);
     for (int64_t b = 0; b < blocks; ++b)
-      fn(row + b * info.block_bytes, q + b * be, s + b * (be / 16), o + b * (be / 32));
+      Fn(row + b * BlockBytes, q + b * BlockElems, s + b * (BlockElems / 16), o + b * (BlockElems / 32));
+  }
+}
+
+}  // namespace
+
+void stage_rows(const StageArgs& a) {
+  switch (a.w.format) {
+    case QFormat::kQ4_0: return stage<stage_q4_0, 32, 18>(a);
+    case QFormat::kQ4_1: return stage<stage_q4_1, 32, 20>(a);
+    case QFormat::kQ5_0: return stage<stage_q5_0, 32, 22>(a);
+    case QFormat::kQ5_1: return stage<stage_q5_1, 32, 24>(a);
+    case QFormat::kQ8_0: return stage<stage_q8_0, 32, 34>(a);
+    case QFormat::kQ4_K: return stage<stage_q4_k, 256, 144>(a);
+    case QFormat::kQ5_K: return stage<stage_q5_k, 256, 176>(a);
+    case QFormat::kQ6_K: return stage<stage_q6_k, 256, 210>(a);
   }
 }
 

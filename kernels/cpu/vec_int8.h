@@ -199,5 +199,33 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 
 #endif
 
+// Staging helpers (quant_stage.cpp): 16 bytes of nibbles to 32 int8 values (low nibbles first),
+// minus `bias`; and a GGUF half-precision scale.
+#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
+inline void unpack_nibbles(const uint8_t* qs, int8_t* q, int bias) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F), b = _mm_set1_epi8(static_cast<char>(bias));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_sub_epi8(_mm_and_si128(v, mask), b));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), mask), b));
+}
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+#else
+inline void unpack_nibbles(const uint8_t* qs, int8_t* q, int bias) {
+  for (int i = 0; i < 16; ++i) {
+    q[i] = static_cast<int8_t>((qs[i] & 0x0F) - bias);
+    q[i + 16] = static_cast<int8_t>((qs[i] >> 4) - bias);
+  }
+}
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_float(h);
+}
+#endif
+
 }  // namespace MINDIE_ISA_NS
 }  // namespace mindie::kernels::cpu
