@@ -24,7 +24,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("MINDIE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every business route (or env MINDIE_API_KEY)")
     serve.add_argument("--model-name", help="the name clients use in `model` and in /v2/models/{name}")
-    serve.add_argument("--dtype", choices=["bfloat16", "float32"])
+    serve.add_argument("--dtype", choices=["auto", "bfloat16", "float32"],
+                       help="activation / KV-cache dtype (default auto: bfloat16 only on CPUs with AVX512-BF16)")
+    serve.add_argument("--quantization", choices=["auto", "none", "q8_0", "q4_0"],
+                       help="auto (default): a GGUF keeps its formats, a Hugging Face model stays dense; none: "
+                       "everything dense (exact); q8_0 / q4_0: quantize a Hugging Face model at load")
     return parser
 
 
@@ -33,7 +37,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     return settings.with_overrides(
         model_path=args.model, host=args.host, port=args.port, management_host=args.management_host,
         management_port=args.management_port, metrics_port=args.metrics_port, api_key=args.api_key,
-        model_name=args.model_name, dtype=args.dtype,
+        model_name=args.model_name, dtype=args.dtype, quantization=args.quantization,
     )
 
 

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams

@@ -34,7 +34,8 @@ from mindie.sampling.sampler import sample
 
 def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
     c = loaded.config
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * torch.empty((), dtype=loaded.model.kv_dtype).element_size()
+    element = torch.empty((), dtype=loaded.model.kv_dtype).element_size()
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * element
 
 
 class LLMEngine:

@@ -57,7 +57,8 @@ class QuantizedLlamaModel:
                 layer[f"{key}_bias"] = vector(p + f"self_attn.{key}_proj.bias") if config.qkv_bias else None
             self._layers.append(layer)
         final_norm = vector("model.norm.weight")
-        if final_norm is None or any(layer["input_norm"] is None or layer["post_norm"] is None for layer in self._layers):
+        norms = [layer[k] for layer in self._layers for k in ("input_norm", "post_norm")]
+        if final_norm is None or any(n is None for n in norms):
             raise KeyError("norm weights missing from the checkpoint")
         self._final_norm = final_norm
         self._cos_sin = rope_cos_sin(config, config.max_position)

@@ -135,7 +135,8 @@ _MODEL: dict[str, _Key] = {
     "async_scheduler_wait_time": _Key(int, honoured=False),
     "plugin_params": _Key(str),
     "models": _Key(dict, honoured=False),
-    "dtype": _Key(str, choices=("bfloat16", "float32")),
+    "dtype": _Key(str, choices=("auto", "bfloat16", "float32")),
+    "quantization": _Key(str, choices=("auto", "none", "q8_0", "q4_0")),
 }
 
 _SCHEDULE: dict[str, _Key] = {
@@ -215,7 +216,8 @@ class ServerSettings:
     api_key: str | None = None
     model_name: str = "SmolLM2-135M-Instruct"
     model_path: str | None = None  # None: the embedded default model
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    quantization: str = "auto"
     truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
     max_n: int = 128  # maxN: the most samples (n, best_of) or beams a request may ask for
     queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch
@@ -319,7 +321,8 @@ class ServerSettings:
             max_request_bytes=server.get("maxRequestLength", 40) * 2**20,
             model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
-            dtype=model.get("dtype", "bfloat16"),
+            dtype=model.get("dtype", "auto"),
+            quantization=model.get("quantization", "auto"),
             max_n=schedule.get("maxN", 128),
             queue_delay_s=schedule.get("maxQueueDelayMicroseconds", 5000) / 1e6,
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -39,11 +38,11 @@ class _Listener(uvicorn.Server):
 def load(settings: ServerSettings, progress: bool = True) -> Serving:
     from tqdm import tqdm
 
-    from mindie.model.loader import load_model
+    from mindie.model.loader import describe, load_model
 
     steps = tqdm(total=2, desc="Loading model", unit="step", disable=not progress, dynamic_ncols=True)
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[settings.dtype]
-    loaded = load_model(settings.model_path, dtype)
+    loaded = load_model(settings.model_path, settings.dtype, settings.quantization)
+    print(f"model {loaded.source}: {describe(loaded)}", file=sys.stderr)
     steps.update(1)
     engine = LLMEngine(loaded, settings.engine)
     steps.update(1)
