@@ -326,3 +326,27 @@ def apply_token_bitmask(
     if mask_index is None:
         mask_index = torch.arange(logits.shape[0], dtype=torch.int32)
     _C.apply_token_bitmask(logits, bitmask, mask_index)
+
+
+def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
+    """float32 [rows, cols] of GGUF blocks data [rows, row_bytes] (uint8) in ggml_type."""
+    out = torch.empty(data.shape[0], cols, dtype=torch.float32)
+    _C.dequantize(out, data, ggml_type)
+    return out
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and block of 32: x ~= d * (128 * q[:, 0] + q[:, 1]); returns q [m, 2, k] int8, d [m, k/32]."""
+    m, k = x.shape
+    q = torch.empty(m, 2, k, dtype=torch.int8)
+    d = torch.empty(m, k // 32, dtype=torch.float32)
+    _C.quantize_activations(q, d, x)
+    return q, d
+
+
+def qmatmul(xq: torch.Tensor, xd: torch.Tensor, weight: torch.Tensor, ggml_type: int,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [m, n] = the quantized activations times the GGUF-block weight [n, row_bytes]^T."""
+    out = torch.empty(xq.shape[0], weight.shape[0], dtype=torch.float32)
+    _C.qmatmul(out, xq, xd, weight, ggml_type, bias)
+    return out

@@ -1,0 +1,100 @@
+"""Quantized weights: every GGUF format dequantizes exactly as the gguf package does; activations
+quantize as the reference; the integer matmul matches float64 math on the same values and gives a
+row the same bits whatever the batch, the tile it lands in, or the thread count."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from reference import quant as ref
+
+from mindie import _C, ops
+
+FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, int]:
+    """GGUF blocks of a random [rows, cols] matrix: quantized by the gguf package where it can, else
+    random bytes with the half-precision scales set to small finite values."""
+    qtype = gguf.GGMLQuantizationType[fmt]
+    rng = np.random.default_rng(seed)
+    try:
+        data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    except NotImplementedError:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        scale_bytes = {"Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}[fmt]
+        halves = (rng.uniform(0.001, 0.02, (rows, cols // block, (scale_bytes[1] - scale_bytes[0]) // 2))
+                  .astype(np.float16).view(np.uint8))
+        data[:, :, scale_bytes[0]:scale_bytes[1]] = halves
+        data = data.reshape(rows, -1)
+    return torch.from_numpy(np.ascontiguousarray(data)), int(qtype)
+
+
+def cols_for(fmt: str) -> list[int]:
+    return [256, 768] if fmt.endswith("_K") else [32, 96, 576]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_matches_gguf(isa, fmt):
+    for cols in cols_for(fmt):
+        data, qtype = random_blocks(fmt, 7, cols, cols)
+        torch.testing.assert_close(ops.dequantize(data, qtype, cols), ref.dequantize(data, qtype, cols), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 576])
+def test_quantize_activations_matches_reference(isa, k):
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randn(5, k, generator=gen) * torch.logspace(-3, 3, k)  # blocks of very different scales
+    x[1, :32] = 0.0  # an all-zero block
+    q, d = ops.quantize_activations(x)
+    want_q, want_d = ref.quantize_activations(x)
+    torch.testing.assert_close(d, want_d, atol=0, rtol=1e-6)
+    # x * inv lands within an ulp of .5 on some values; the two roundings may then differ by one step
+    assert (q.int() - want_q.int()).abs().max() <= 1
+    err = (ref.activations_value(q, d) - x.double()).abs()
+    assert (err <= (want_d.double() * 128.0 / 256.0 + 1e-30).repeat_interleave(32, dim=1) + 1e-12).all()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (3, 8), (17, 5), (64, 33)])
+def test_qmatmul_matches_reference(isa, fmt, m, n):
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, n, k, m * 100 + n)
+    gen = torch.Generator().manual_seed(n)
+    q, d = ops.quantize_activations(torch.randn(m, k, generator=gen))
+    bias = torch.randn(n, generator=gen)
+    want = ref.qmatmul(q, d, data, qtype, bias)
+    torch.testing.assert_close(ops.qmatmul(q, d, data, qtype, bias), want, atol=1e-4 * want.abs().max().item(),
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_qmatmul_rows_are_batch_invariant(isa, fmt):
+    """Row i of a batch of M equals row i computed in any other batch, for M = 1..64, and with one
+    kernel thread or several."""
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 45, k, 3)
+    q, d = ops.quantize_activations(torch.randn(64, k, generator=torch.Generator().manual_seed(4)))
+    full = ops.qmatmul(q, d, data, qtype)
+    threads = _C.get_num_threads()
+    try:
+        for t in sorted({1, threads, 3}):
+            _C.set_num_threads(t)
+            for m in range(1, 65):
+                assert torch.equal(ops.qmatmul(q[64 - m:], d[64 - m:], data, qtype), full[64 - m:]), (t, m)
+    finally:
+        _C.set_num_threads(threads)
+
+
+def test_bad_arguments_raise():
+    data, qtype = random_blocks("Q4_1", 4, 64, 0)
+    q, d = ops.quantize_activations(torch.randn(2, 64))
+    with pytest.raises(ValueError, match="ggml type 99"):
+        ops.qmatmul(q, d, data, 99)
+    with pytest.raises(ValueError, match="bytes per row"):
+        ops.qmatmul(q, d, data[:, :20].contiguous(), qtype)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.quantize_activations(torch.randn(2, 40))

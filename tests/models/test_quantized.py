@@ -1,0 +1,117 @@
+"""The quantized path (GGUF weights in their formats, int8 activations, the C++ step) against the
+exact path (the same weights dequantized, float32 torch), on the embedded SmolLM2 and a fixed text."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny_models import run_greedy
+
+from mindie import LLM, SamplingParams
+from mindie.model.llama import AttentionMetadata
+from mindie.model.llama_quant import QuantizedLlamaModel
+from mindie.model.loader import default_model_path, load_model
+
+TEXT = (Path(__file__).parent / "data" / "perplexity.txt").read_text()
+
+
+@pytest.fixture(scope="module")
+def exact():
+    return load_model(None, "float32", "none")
+
+
+@pytest.fixture(scope="module")
+def text_ids(exact) -> list[int]:
+    return exact.tokenizer.encode(TEXT)
+
+
+def prompt_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """Teacher-forced logits of every position, the prompt in one prefill."""
+    n = len(ids)
+    blocks = math.ceil(n / block_size)
+    caches = model.allocate_kv_cache(blocks, block_size)
+    meta = AttentionMetadata(
+        positions=torch.arange(n), slot_mapping=torch.arange(n),
+        block_tables=torch.arange(blocks, dtype=torch.int32)[None],
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32), seq_lens=torch.tensor([n], dtype=torch.int32),
+        logits_indices=torch.arange(n))
+    return model.forward(torch.tensor(ids), meta, caches)
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    lp = torch.log_softmax(logits[:-1].double(), dim=-1).gather(1, torch.tensor(ids[1:])[:, None])
+    return math.exp(-lp.mean().item())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_perplexity_and_top1_match_the_exact_path(exact, text_ids, dtype):
+    quant = load_model(None, dtype)
+    assert isinstance(quant.model, QuantizedLlamaModel)
+    want = prompt_logits(exact.model, text_ids)
+    got = prompt_logits(quant.model, text_ids)
+    assert len(text_ids) > 400
+    assert abs(perplexity(got, text_ids) / perplexity(want, text_ids) - 1) < 0.01
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.99
+
+
+def test_greedy_equals_exact_until_a_near_tie(exact):
+    """Greedy tokens agree with the exact path up to the first step where the exact path's top-1 and
+    top-2 logits are closer than 0.1 (there, either choice is within rounding)."""
+    quant = load_model(None)
+    tok = exact.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])),
+               tok.encode("def fibonacci(n):"), tok.encode(TEXT[:400])]
+    got, _ = run_greedy(quant.model, prompts, 48, block_size=16)
+    for prompt, tokens in zip(prompts, got):
+        logits = prompt_logits(exact.model, prompt + tokens)[len(prompt) - 1:-1]
+        for step, token in enumerate(tokens):
+            top2 = logits[step].topk(2)
+            if token != top2.indices[0].item():
+                assert (top2.values[0] - top2.values[1]).item() < 0.1, (step, token)
+                break
+
+
+def test_weights_stay_in_their_formats():
+    quant = load_model(None)
+    model = quant.model
+    assert isinstance(model, QuantizedLlamaModel)
+    assert model.weight_formats == {"Q4_1": 210, "Q8_0": 1}  # the file's own: no dense copy
+    assert model.weight_bytes <= 1.15 * os.path.getsize(default_model_path())
+
+
+def test_hf_checkpoint_quantized_at_load(tiny_llama_dir):
+    dense = load_model(str(tiny_llama_dir), "float32", "none")
+    prompts = [[1, 2, 3, 4, 5], list(range(40, 77))]
+    want, _ = run_greedy(dense.model, prompts, 8)
+    for quantization in ("q8_0", "q4_0"):
+        quant = load_model(str(tiny_llama_dir), "float32", quantization)
+        assert isinstance(quant.model, QuantizedLlamaModel)
+        assert set(quant.model.weight_formats) == {quantization.upper()}
+        got, _ = run_greedy(quant.model, prompts, 8)
+        if quantization == "q8_0":  # 8-bit weights keep a tiny random model's greedy path
+            assert got == want
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        load_model(str(tiny_llama_dir), "float32", "q3_k")
+    with pytest.raises(ValueError, match="applies to Hugging Face checkpoints"):
+        load_model(None, "float32", "q8_0")
+
+
+def test_seeded_request_is_batch_invariant_on_default_settings():
+    """Default settings (dtype auto, the GGUF's own formats): a seeded request samples the same tokens
+    alone and as one of 16 requests of different lengths."""
+    llm = LLM(enablePrefixCache=False)
+    params = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234, ignore_eos=True)
+    target = {"prompt_token_ids": list(range(1000, 1040))}
+    alone = llm.generate(target, params, use_tqdm=False)[0].outputs[0].token_ids
+    gen = torch.Generator().manual_seed(0)
+    others = [{"prompt_token_ids": torch.randint(100, 40000, (int(n),), generator=gen).tolist()}
+              for n in torch.randint(1, 200, (15,), generator=gen)]
+    for position in (0, 7, 15):
+        batch = others[:position] + [target] + others[position:]
+        per = [SamplingParams(max_tokens=8 + i, temperature=0.8, seed=i) for i in range(15)]
+        results = llm.generate(batch, per[:position] + [params] + per[position:], use_tqdm=False)
+        assert results[position].outputs[0].token_ids == alone
