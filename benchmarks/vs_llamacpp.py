@@ -1,0 +1,273 @@
+"""Our engine against llama.cpp on the same GGUF, interleaved in one run (issue 9, item 7).
+
+    python benchmarks/vs_llamacpp.py [--llama-bin DIR] [--model GGUF] [--threads N] [--rounds N] [--skip-http]
+                                     [--dtype auto|bfloat16|float32] [--quantization Q]
+
+Each round measures llama.cpp then ours, figure by figure, so a noisy stretch of the machine hits both:
+  prefill of a 512-token prompt   llama-bench -p 512 -n 0   against LLM.generate(max_tokens=1)
+  batch-1 decode of 128 tokens    llama-bench -p 0 -n 128   against engine steps after the first token
+  32 concurrent HTTP streams      llama-server -np 32       against `mindie serve`, /v1/completions,
+                                  128 prompt / 128 output tokens each (ignore_eos)
+and prints the medians over the rounds with our/their ratio. DIR holds llama-bench and llama-server (built by
+../shared/tools/build-llamacpp.sh); without them only our side runs, and the output says why. --dtype and
+--quantization go to LLM(...) and `mindie serve` only when given: by default both run the engine's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from common import memory_read_bandwidth
+
+from mindie import _C, LLM, SamplingParams
+from mindie.engine.request import EngineRequest
+from mindie.model.loader import default_model_path
+
+STREAMS, HTTP_IN, HTTP_OUT = 32, 128, 128
+PREFILL, DECODE = 512, 128
+FIGURES = [("prefill", f"prefill {PREFILL} (tok/s)"), ("decode", f"decode batch 1, {DECODE} tok (tok/s)"),
+           ("http", f"{STREAMS} HTTP streams {HTTP_IN}/{HTTP_OUT} (out tok/s)")]
+
+
+def cpu_summary() -> str:
+    info = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    isa: list[str] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    isa += sorted(f for f in flags if f.startswith("amx"))
+    return f"{name}; ISA: {' '.join(isa) or 'none of avx2/avx512f/avx512_vnni/avx512_bf16/amx'}"
+
+
+def random_ids(n: int, seed: int, vocab: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(100, vocab, (n,), generator=gen).tolist()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, str]:
+    return {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization)) if v is not None}
+
+
+# --- llama.cpp ---------------------------------------------------------------------------------------------------
+
+
+def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int) -> float:
+    """avg_ts of one llama-bench test (its own warm-up run, then 3 repetitions)."""
+    cmd = [str(args.llama_bin / "llama-bench"), "-m", args.model, "-p", str(n_prompt), "-n", str(n_gen),
+           "-t", str(args.threads), "-r", "3", "-o", "json"]
+    out = subprocess.run(cmd, env={**os.environ, "LD_LIBRARY_PATH": str(args.llama_bin)}, capture_output=True,
+                         text=True)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {out.returncode}: {out.stderr[-2000:]}")
+    return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def missing_llama(args: argparse.Namespace) -> str | None:
+    """Why the llama.cpp side cannot run, or None when it can."""
+    if args.llama_bin is None:
+        return "--llama-bin not given"
+    needed = ["llama-bench"] + ([] if args.skip_http else ["llama-server"])
+    absent = [b for b in needed if not (args.llama_bin / b).is_file()]
+    return f"{', '.join(absent)} not found in {args.llama_bin}" if absent else None
+
+
+# --- ours, offline -----------------------------------------------------------------------------------------------
+
+
+def our_prefill(llm: LLM, ids: list[int], runs: int = 3) -> float:
+    """Tokens/s of the median of `runs` single-token generations from a PREFILL-token prompt."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+        times.append(time.perf_counter() - t0)
+    return len(ids) / statistics.median(times)
+
+
+def our_decode(llm: LLM, ids: list[int], request_id: str) -> float:
+    """Tokens/s of DECODE tokens after the first (the prefill step's) token, at batch 1."""
+    engine = llm.engine
+    engine.add_request(EngineRequest(request_id, ids, SamplingParams(max_tokens=DECODE + 1, temperature=0,
+                                                                     ignore_eos=True)))
+    n, t_first = 0, 0.0
+    while engine.has_unfinished():
+        n += sum(len(out.new_token_ids) for out in engine.step())
+        if n == 1 and not t_first:
+            t_first = time.perf_counter()
+    elapsed = time.perf_counter() - t_first
+    if n != DECODE + 1:
+        raise RuntimeError(f"decode produced {n} tokens, expected {DECODE + 1}")
+    return DECODE / elapsed
+
+
+# --- HTTP --------------------------------------------------------------------------------------------------------
+
+
+def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[subprocess.Popen, str, str]]:
+    """name -> (process, base URL, readiness URL): llama-server (when compared) first, then `mindie serve`;
+    their stderr goes to WORKDIR/NAME.log."""
+    threads = str(args.threads)
+    launch: dict[str, tuple[list[str], dict[str, str], str, str]] = {}  # name -> (argv, env, base URL, ready URL)
+    if not args.skip_llama:
+        port = free_port()
+        argv = [str(args.llama_bin / "llama-server"), "-m", args.model, "-np", str(STREAMS), "-c",
+                str(STREAMS * (HTTP_IN + HTTP_OUT + 16)), "-t", threads, "--host", "127.0.0.1", "--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+        launch["llama"] = (argv, {"LD_LIBRARY_PATH": str(args.llama_bin)}, url, url + "/health")
+    port, mport = free_port(), free_port()
+    config = workdir / "config.json"  # prefix cache off: our figures must not ride on cached prompts
+    config.write_text(json.dumps({"BackendConfig": {"ScheduleConfig": {"enablePrefixCache": False}}}))
+    argv = [sys.executable, "-m", "mindie", "serve", args.model, "--config", str(config), "--host", "127.0.0.1",
+            "--port", str(port), "--management-host", "127.0.0.1", "--management-port", str(mport),
+            "--metrics-port", str(free_port()), "--model-name", "bench"]
+    argv += [a for k, v in engine_options(args).items() for a in (f"--{k}", v)]
+    launch["ours"] = (argv, {"MINDIE_NUM_THREADS": threads, "OMP_NUM_THREADS": threads},
+                      f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}/health")
+    servers = {}
+    for name, (argv, env, url, ready) in launch.items():
+        with open(workdir / f"{name}.log", "w") as log:
+            # cwd not the repo root: `-m` puts the cwd first on sys.path, and a source tree there shadows the install
+            proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, **env})
+        servers[name] = (proc, url, ready)
+    for name, (proc, _, ready) in servers.items():
+        deadline, log_path = time.monotonic() + 300, workdir / f"{name}.log"
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(ready, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} server not ready after 300 s: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+    return servers
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int]) -> tuple[int, str | None]:
+    """(completion tokens, failure or None) of one streamed /v1/completions request."""
+    body = {"model": "bench", "prompt": ids, "max_tokens": HTTP_OUT, "n_predict": HTTP_OUT, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+    tokens, reason = 0, None
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return 0, f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                reason = next((c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason")), reason)
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    except httpx.HTTPError as e:
+        return tokens, f"{type(e).__name__}: {e}"
+    ok = tokens == HTTP_OUT and reason == "length"
+    return tokens, None if ok else f"{tokens} tokens, finish_reason {reason}"
+
+
+async def drive(url: str, prompts: list[list[int]]) -> tuple[float, list[str]]:
+    """Aggregate output tokens/s of all prompts streamed at once, and the failures."""
+    async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=len(prompts) + 4)) as client:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(one_stream(client, url, p) for p in prompts))
+        wall = time.perf_counter() - t0
+    failures = [f"request {i}: {fail}" for i, (_, fail) in enumerate(results) if fail]
+    return sum(n for n, _ in results) / wall, failures
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bin", type=Path, help="folder holding llama-bench and llama-server")
+    ap.add_argument("--model", default=str(default_model_path()), help="GGUF file (default: the embedded model)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], help="our activations (default: engine's)")
+    ap.add_argument("--quantization", help="our weight quantization, passed through (default: engine's)")
+    args = ap.parse_args()
+    why = missing_llama(args)
+    args.skip_llama = why is not None
+
+    torch.set_num_threads(args.threads)
+    _C.set_num_threads(args.threads)
+    print(f"CPU: {cpu_summary()}")
+    print(f"threads: {args.threads} (llama.cpp -t, our kernel pool {_C.get_num_threads()}, torch "
+          f"{torch.get_num_threads()}); our kernel variant {_C.get_isa()}")
+    print(f"memory read bandwidth: {memory_read_bandwidth() / 1e9:.1f} GB/s")
+    print(f"model: {args.model}; our options: {engine_options(args) or 'engine defaults'}")
+    if why:
+        print(f"llama.cpp comparison SKIPPED: {why}; measuring our side only")
+
+    llm = LLM(args.model, enablePrefixCache=False, **engine_options(args))
+    vocab = llm.engine.loaded.config.vocab_size
+    llm.generate({"prompt_token_ids": random_ids(64, 0, vocab)}, SamplingParams(max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
+    results: dict[tuple[str, str], list[float]] = {}
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as workdir:
+        servers = {} if args.skip_http else start_servers(args, Path(workdir))
+        try:
+            for _, url, _ in servers.values():  # warm-up: one short request each
+                asyncio.run(drive(url, [random_ids(HTTP_IN, 1, vocab)]))
+            for r in range(args.rounds):
+                measured: dict[tuple[str, str], float] = {}
+                if not args.skip_llama:
+                    measured["llama", "prefill"] = llama_bench(args, PREFILL, 0)
+                measured["ours", "prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab))
+                if not args.skip_llama:
+                    measured["llama", "decode"] = llama_bench(args, 0, DECODE)
+                measured["ours", "decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
+                for i, (name, (_, url, _)) in enumerate(servers.items()):
+                    prompts = [random_ids(HTTP_IN, 1000 * (r + 1) + 100 * i + k, vocab) for k in range(STREAMS)]
+                    measured[name, "http"], failed = asyncio.run(drive(url, prompts))
+                    failures += [f"round {r + 1}, {name}: {f}" for f in failed]
+                for key, value in measured.items():
+                    results.setdefault(key, []).append(value)
+                print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{side} {fig} {v:.1f}"
+                                                                     for (side, fig), v in measured.items()))
+        finally:
+            for proc, _, _ in servers.values():
+                proc.terminate()
+                proc.wait(timeout=60)
+
+    print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads, {Path(args.model).name}")
+    print(f"{'figure':<40} {'llama.cpp':>10} {'ours':>10} {'ours/llama':>10}")
+    for fig, label in FIGURES:
+        if ("ours", fig) not in results:
+            continue
+        ours = statistics.median(results["ours", fig])
+        theirs = statistics.median(results["llama", fig]) if ("llama", fig) in results else None
+        cells = (f"{theirs:10.1f}", f"{ours / theirs:9.2f}x") if theirs else (f"{'-':>10}", f"{'-':>10}")
+        print(f"{label:<40} {cells[0]} {ours:10.1f} {cells[1]}")
+    if why:
+        print(f"(llama.cpp comparison skipped: {why})")
+    if not args.skip_http:
+        print(f"HTTP requests not completing with {HTTP_OUT} tokens: {len(failures) or 'none'}")
+        for f in failures:
+            print(f"  {f}")
+
+
+if __name__ == "__main__":
+    main()
