@@ -1,4 +1,5 @@
-"""Offline engine throughput on the embedded SmolLM2-135M-Instruct (bf16).
+"""Offline engine throughput on the embedded SmolLM2-135M-Instruct (default settings: dtype auto, the GGUF's own
+weight formats).
 
     python benchmarks/engine_throughput.py [--skip-concurrent]
 
@@ -32,7 +33,7 @@ def main() -> None:
           f"torch threads {torch.get_num_threads()}")
     print(f"memory read bandwidth: {memory_read_bandwidth() / 1e9:.1f} GB/s")
     t0 = time.perf_counter()
-    llm = LLM(dtype="bfloat16", enablePrefixCache=False)
+    llm = LLM(enablePrefixCache=False)
     print(f"model load: {time.perf_counter() - t0:.1f} s")
     vocab = llm.engine.loaded.config.vocab_size
     llm.generate(random_prompt(64, 0, vocab), SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)

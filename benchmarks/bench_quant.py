@@ -1,0 +1,48 @@
+"""Quantized matmul throughput on the embedded model's own weights, beside the machine's read bandwidth.
+
+    python benchmarks/bench_quant.py
+
+GEMV (batch 1): every projection of the model back to back, as one decode step reads them (more bytes
+than the last-level cache holds), in GB/s of weight bytes and as a share of the measured read
+bandwidth. GEMM: one layer's gate projection at 16 and 512 rows, in GFLOP/s. Once per ISA variant.
+"""
+
+from __future__ import annotations
+
+import torch
+from common import bench, memory_read_bandwidth
+
+from mindie import _C, ops
+from mindie.model.loader import load_model
+
+
+def main() -> None:
+    bandwidth = memory_read_bandwidth()
+    print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s; kernel threads {_C.get_num_threads()}")
+    model = load_model(None).model
+    weights = list({id(w): w for w in model.matrices.values()}.values())
+    total = sum(w.nbytes for w in weights)
+    inputs = {k: ops.quantize_activations(torch.randn(1, k)) for k in {w.cols for w in weights}}
+    outs = {id(w): torch.empty(1, w.rows) for w in weights}
+    gate = model.matrices["model.layers.0.mlp.gate_proj.weight"]
+    for isa in _C.available_isas():
+        _C.set_isa(isa)
+
+        def step() -> None:
+            for w in weights:
+                q, d = inputs[w.cols]
+                _C.qmatmul(outs[id(w)], q, d, w.data, w.ggml_type)
+
+        t = bench(step, min_time=1.0 if isa != "scalar" else 0.0, warmup=1)
+        print(f"[{isa}] GEMV, all {len(weights)} matrices ({total / 1e6:.0f} MB): {t * 1e3:7.2f} ms, "
+              f"{total / t / 1e9:5.1f} GB/s = {100 * total / t / bandwidth:3.0f}% of read bandwidth")
+        for m in (16, 512):
+            q, d = ops.quantize_activations(torch.randn(m, gate.cols))
+            t = bench(lambda: ops.qmatmul(q, d, gate.data, gate.ggml_type), min_time=0.3, warmup=1)
+            flops = 2 * m * gate.rows * gate.cols
+            print(f"[{isa}] GEMM {gate.format_name} [{m} x {gate.cols}] x [{gate.cols} x {gate.rows}]: "
+                  f"{t * 1e3:7.2f} ms, {flops / t / 1e9:6.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
