@@ -19,6 +19,7 @@ from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-proba
 if TYPE_CHECKING:
     from mindie.structured.grammar import Grammar
 
+SEED_MAX = 2**64 - 1  # seeds are uint64, as MindIE documents them
 MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
 MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024  # bound the work a request sizes
 
@@ -78,7 +79,8 @@ class SamplingParams:
                "in (0, inf)", self.repetition_penalty)
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]", self.presence_penalty)
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "in [0, 2^63)", self.seed)
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX), "seed",
+               "in [0, 2^64-1]", self.seed)
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
                f"in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS, "prompt_logprobs",
@@ -164,8 +166,11 @@ class RequestOutput:
     num_output_tokens: int
     cumulative_logprob: float
     seed: int
-    batch_size: int  # size of the step that produced these tokens (MindIE usage.batch_size)
-    queue_wait_s: float  # time the request waited before its first step (MindIE queue_wait_time)
+    # One entry per token of new_token_ids (MindIE usage.batch_size / queue_wait_time): the size
+    # of the step that computed the token, and the token's own wait, from the sample being ready
+    # for it (arrival, or its previous token) to the start of that step.
+    batch_sizes: list[int]
+    queue_waits_s: list[float]
     first_token_latency_s: float | None  # set on the output that carries the first token
     num_cached_prompt_tokens: int = 0
     request_done: bool = False

@@ -13,8 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mindie.engine.request import SEED_MAX
+
 INT32_MAX = 2**31 - 1
-SEED_MAX = 2**63 - 1  # MindIE's code bound (its docs say 2^64-1; the engine draws 63-bit seeds)
 
 
 def _fmt(x: float | None, default: str) -> str:
@@ -62,6 +63,9 @@ def number(
     if hi is not None:
         schema["exclusiveMaximum" if hi_open else "maximum"] = hi
     return Annotated[int if integer else float, AfterValidator(check), Field(json_schema_extra=schema)]
+
+
+Seed = number(0, SEED_MAX, integer=True)  # uint64 on every route
 
 
 def text(min_len: int = 0, max_len: int | None = None) -> Any:

@@ -8,6 +8,7 @@ nothing here knows which API family asked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -133,6 +134,8 @@ class SampleResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: FinishReason | None = None
+    batch_sizes: list[int] = field(default_factory=list)  # per token: the size of the step that computed it
+    queue_wait_us: list[int] = field(default_factory=list)  # per token: its own queue wait
 
 
 @dataclass
@@ -143,8 +146,6 @@ class Result:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     seed: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # per generated token of the longest sample
-    queue_wait_us: list[int] = field(default_factory=list)
     prefill_ms: float | None = None
     decode_ms: list[float] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -170,10 +171,8 @@ class Result:
             self.seed = out.seed
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
-        if len(s.token_ids) > len(self.batch_sizes):
-            grow = len(s.token_ids) - len(self.batch_sizes)
-            self.batch_sizes += [out.batch_size] * grow
-            self.queue_wait_us += [round(out.queue_wait_s * 1e6)] * grow
+        s.batch_sizes += out.batch_sizes
+        s.queue_wait_us += [round(w * 1e6) for w in out.queue_waits_s]
         if item.prefill_ms is not None and self.prefill_ms is None:
             self.prefill_ms = item.prefill_ms
         elif item.decode_ms is not None and out.index == 0 and out.new_token_ids:
@@ -189,8 +188,21 @@ class Result:
         if len(self.samples) == n:
             return self.samples
         chosen = sorted(self.samples, key=lambda s: s.cumulative_logprob, reverse=True)[:n]
-        return [SampleResult(i, s.text, s.token_ids, s.logprobs, s.cumulative_logprob, s.finish_reason)
-                for i, s in enumerate(chosen)]
+        return [dataclasses.replace(s, index=i) for i, s in enumerate(chosen)]
+
+    @property
+    def _longest(self) -> SampleResult:
+        return max(self.samples, key=lambda s: len(s.token_ids))
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """MindIE's usage.batch_size: per generated token of the longest sample."""
+        return self._longest.batch_sizes
+
+    @property
+    def queue_wait_us(self) -> list[int]:
+        """MindIE's usage.queue_wait_time: per generated token of the longest sample, in us."""
+        return self._longest.queue_wait_us
 
     @property
     def num_output_tokens(self) -> int:

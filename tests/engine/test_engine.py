@@ -271,3 +271,36 @@ def test_random_load_with_aborts_never_leaks(loaded):
         engine.blocks.check_invariants()
     assert len(finished) > 20
     assert engine.blocks.num_used_blocks() == 0 and not engine.requests
+
+
+def test_queue_wait_is_each_tokens_own(loaded):
+    """maxBatchSize 1: the second request waits for the whole first one before its first token,
+    then hardly at all; its waits are per token, not its first wait repeated."""
+    engine = make_engine(loaded, cacheBlockSize=4, maxBatchSize=1)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outs = run(engine, [EngineRequest("a", [1, 2, 3], params), EngineRequest("b", [4, 5, 6], params)])
+    waits = [w for o in outs["b"] for w in o.queue_waits_s]
+    assert len(waits) == 4 and [b for o in outs["b"] for b in o.batch_sizes] == [1] * 4
+    first_done = outs["a"][-1]
+    assert waits[0] > max(waits[1:])  # four steps of "a" against a loop iteration
+    assert all(len(o.queue_waits_s) == len(o.batch_sizes) == len(o.new_token_ids) for o in outs["a"] + outs["b"])
+    assert first_done.finish_reason is FinishReason.LENGTH
+
+
+def test_seeds_are_uint64(loaded, monkeypatch):
+    """Every seed in [0, 2^64-1] is accepted and reproducible, the top half included; an
+    unseeded request reports the 64-bit seed it drew."""
+    engine = make_engine(loaded, cacheBlockSize=4)
+    p = prompts(1)[0]
+    for seed in (0, 2**63 - 1, 2**63, 2**64 - 1):
+        params = SamplingParams(max_tokens=6, seed=seed, ignore_eos=True, n=2)
+        first, again = (run(engine, [EngineRequest("s", p, params)])["s"] for _ in range(2))
+        assert [(o.index, o.new_token_ids) for o in first] == [(o.index, o.new_token_ids) for o in again]
+        assert {o.seed for o in first if o.index == 1} == {(seed + 1) % 2**64}  # sample k: seed + k, wrapped
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^64-1\]"):
+            SamplingParams(seed=bad)
+    import mindie.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module.secrets, "randbits", lambda bits: 2**bits - 1)  # the top of the draw's range
+    assert run(engine, [EngineRequest("r", p, SamplingParams(max_tokens=1))])["r"][0].seed == 2**64 - 1

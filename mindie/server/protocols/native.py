@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from mindie.engine.request import SamplingParams
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, SEED_MAX, Body, number, parse
+from mindie.server.fields import INT32_MAX, Body, Seed, number, parse
 from mindie.server.protocols.common import (
     MINDIE_REASONS,
     ContentPart,
@@ -24,7 +24,6 @@ Temperature = number(0, None, lo_open=True)
 TopK = number(0, INT32_MAX, lo_open=True, integer=True)
 TopP = number(0, 1, lo_open=True, hi_open=True)
 MaxNewTokens = number(0, INT32_MAX, lo_open=True, integer=True)
-Seed = number(0, SEED_MAX, integer=True)
 Penalty = number(0, None, lo_open=True)
 TypicalP = number(0, 1, lo_open=True)
 Priority = number(1, 5, integer=True)

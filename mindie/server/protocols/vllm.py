@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from mindie.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, SEED_MAX, Body, number, parse
+from mindie.server.fields import INT32_MAX, Body, Seed, number, parse
 from mindie.server.protocols.common import ContentPart, dumps, join_parts, json_response, stream_response
 from mindie.server.protocols.native import stop_tuple
 from mindie.server.protocols.tgi import StopList, StopString
@@ -21,7 +21,6 @@ Penalty = number(-2, 2)
 Temperature = number(0, None)
 TopP = number(1e-6, 1, lo_open=True)
 TopK = number(0, INT32_MAX, lo_open=True, integer=True, also=(-1,))
-Seed = number(0, SEED_MAX, integer=True)
 Samples = number(1, 128, integer=True)
 TokenId = number(0, INT32_MAX, integer=True)
 StopTokenIds = Field(None, max_length=MAX_STOP_TOKEN_IDS)
