@@ -23,7 +23,7 @@ import torch
 
 from mindie.config import EngineConfig
 from mindie.engine.block_manager import BlockManager
-from mindie.engine.detokenizer import IncrementalDetokenizer
+from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
@@ -267,7 +267,11 @@ class LLMEngine:
             wait_s, seq.ready_time = step.wait_s(seq.ready_time), now
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            delta = seq.detokenizer.append([token])
+            if token in params.stop_token_ids and not params.include_stop_str_in_output:
+                # a stop token ends the text without adding its own (as a stop string does)
+                delta = DetokenizerDelta("", None)
+            else:
+                delta = seq.detokenizer.append([token])
             reason = self._finish_reason(seq, token, delta.stop_string is not None)
             if reason is None and seq.matcher is not None and (not seq.matcher.advance(token)
                                                                or seq.matcher.is_finished()):

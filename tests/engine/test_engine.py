@@ -187,8 +187,8 @@ def test_bad_requests_raise(loaded):
         engine.add_request(EngineRequest("dup", [1], GREEDY))
     for kwargs, field in [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
                           (dict(logprobs=21), "logprobs"), (dict(max_tokens=0), "max_tokens"),
-                          (dict(presence_penalty=3), "presence_penalty"), (dict(stop=("x",) * 65), "stop"),
-                          (dict(stop=("x" * 1025,)), "stop"), (dict(n=129), "n"),
+                          (dict(presence_penalty=3), "presence_penalty"), (dict(stop=("x",) * 1025), "stop"),
+                          (dict(stop=("x" * 32769,)), "stop"), (dict(n=129), "n"),
                           (dict(stop_token_ids=tuple(range(1025))), "stop_token_ids")]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)

@@ -13,11 +13,12 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mindie.engine.request import FinishReason, TokenLogprob
+from mindie.engine.request import MAX_STOP_CHARS_TOTAL, FinishReason, TokenLogprob
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number, parse
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.common import OPENAI_REASONS, ContentPart, join_parts, json_response, sse, stream_response
+from mindie.server.protocols.tgi import StopList
 from mindie.server.protocols.vllm import SamplingFields, TokenId
 from mindie.server.serving import Generation, OutputStream, Result, Serving, StreamItem, until_disconnect
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
@@ -94,6 +95,8 @@ Prompt = (str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)
 
 class CompletionRequest(OpenAIFields):
     prompt: Prompt  # type: ignore[valid-type]
+    # seed 002: a single stop string may be as long as a whole list (a list follows seed 004)
+    stop: Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS_TOTAL)] | StopList | None = None
     max_tokens: number(0, INT32_MAX, integer=True) | None = None  # type: ignore[valid-type]  # 0: with echo
     logprobs: number(0, 5, integer=True) | None = None  # type: ignore[valid-type]
     echo: bool = False

@@ -38,7 +38,7 @@ class SamplingFields(Body):
     top_k: TopK = -1
     seed: Seed | None = None
     stop: StopString | StopList | None = None
-    stop_token_ids: list[TokenId] | None = StopTokenIds
+    stop_token_ids: list[int] | None = StopTokenIds  # ids outside [0, vocab) are ignored, as MindIE
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
@@ -59,7 +59,7 @@ class SamplingFields(Body):
             raise APIError(422, f"temperature must be > 0 when n > 1 (n={self.n}); greedy samples would be identical",
                            "temperature")
         vocab = ctx.model_config.vocab_size
-        stop_ids = tuple(dict.fromkeys(t for t in (self.stop_token_ids or ()) if t < vocab))  # as MindIE
+        stop_ids = tuple(dict.fromkeys(t for t in (self.stop_token_ids or ()) if 0 <= t < vocab))
         extra: dict[str, Any] = {}
         if self.use_beam_search:
             extra = {"use_beam_search": True, "length_penalty": self.length_penalty,
