@@ -114,8 +114,9 @@ def _short(value: Any) -> str:
 def describe(error: ValidationError) -> tuple[str, str | None]:
     """One message for the first problem, and the field it is about."""
     errors = error.errors(include_url=False)
-    # Of a union's failed branches, the one that got deepest is the one the client meant.
-    err = max(errors, key=lambda e: len(e["loc"]))
+    # Of a union's failed branches, the one that got deepest is the one the client meant; at equal
+    # depth, one whose type matched (its complaint is about the value) over a type mismatch.
+    err = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
     field = _loc(tuple(err["loc"]))
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "json_invalid":

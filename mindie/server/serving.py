@@ -27,6 +27,9 @@ from mindie.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
+MAX_INPUT_CHARS = 4 * 2**20  # characters of one text input (the spec's 4 MB)
+MAX_INPUT_TOKENS = 2**20  # tokens of one prompt, whatever the configuration allows
+
 
 @dataclass
 class Generation:
@@ -228,7 +231,8 @@ class Serving:
 
     @property
     def max_input_tokens(self) -> int:
-        return self.settings.engine.max_input_len
+        """min(maxInputTokenLen, maxSeqLen - 1, the model's max_position_embeddings, 1M)."""
+        return min(self.settings.engine.max_input_len, self.model_config.max_position, MAX_INPUT_TOKENS)
 
     def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
         if not text:
@@ -237,9 +241,15 @@ class Serving:
         return self.fit_prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), field_name)
 
     def check_text(self, text: str, field_name: str) -> None:
-        if len(text) > self.settings.max_request_bytes:
-            raise APIError(422, f"{field_name} has {len(text)} characters; the limit is maxRequestLength = "
-                                f"{self.settings.max_request_bytes}", field_name)
+        """The spec's limit on text inputs (/infer inputs, completions prompt, chat messages),
+        checked before tokenizing: 4 MB of characters, or maxRequestLength if smaller."""
+        self.check_chars(len(text), field_name)
+
+    def check_chars(self, num_chars: int, field_name: str) -> None:
+        limit = min(MAX_INPUT_CHARS, self.settings.max_request_bytes)
+        if num_chars > limit:
+            raise APIError(422, f"{field_name} has {num_chars} characters; the limit is {limit} "
+                                f"(4 MB of characters, or maxRequestLength if smaller)", field_name)
 
     def fit_prompt(self, ids: list[int], field_name: str) -> list[int]:
         """Applies the prompt-length limit: an error naming both limits, or truncation when
@@ -255,7 +265,8 @@ class Serving:
             return ids[-limit:]
         e = self.settings.engine
         raise APIError(422, f"{field_name} has {len(ids)} tokens; the limit is min(maxInputTokenLen="
-                            f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}) = {limit}", field_name)
+                            f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}, max_position_embeddings="
+                            f"{self.model_config.max_position}, {MAX_INPUT_TOKENS}) = {limit}", field_name)
 
     def check_token_ids(self, ids: list[int], field_name: str) -> list[int]:
         vocab = self.model_config.vocab_size

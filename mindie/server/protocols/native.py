@@ -119,12 +119,15 @@ async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
                 "prefill_time": round(item.prefill_ms, 2) if item.prefill_ms is not None else None,
                 "decode_time": round(item.decode_ms, 2) if item.decode_ms is not None else None,
             }
+            # Seed 000: token.id is the event's one token as an integer (an event per step, one
+            # token each; None on an end without a token, such as an abort).
+            token_id = out.new_token_ids[-1] if out.new_token_ids else None
             if out.finish_reason is None:
-                event["token"] = {"id": out.new_token_ids, "text": result.stream_text(out, ctx.settings.full_text)}
+                event["token"] = {"id": token_id, "text": result.stream_text(out, ctx.settings.full_text)}
             else:
                 event["generated_text"] = result.samples[0].text
                 event["details"] = _details(result, p, full=False) if p.details else None
-                event["token"] = {"id": out.new_token_ids, "text": None}
+                event["token"] = {"id": token_id, "text": None}
             yield sse(event)
 
     return stream_response(stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE)))
