@@ -262,6 +262,13 @@ class LLMEngine:
             token, params = tokens[row], seq.request.params
             n_top = params.logprobs or 0
             lp = TokenLogprob(token, logprobs[row], list(zip(top_ids[row][:n_top], top_lps[row][:n_top])))
+            if seq.matcher is not None:
+                # A structured output must parse however the budget ends: near its end, the next
+                # token of a shortest completion replaces one that would leave no room to finish.
+                forced = seq.matcher.fit_budget(token, seq.max_total_tokens - len(seq.token_ids))
+                if forced != token:
+                    token = forced
+                    lp = TokenLogprob(token, torch.log_softmax(logits[row].float(), -1)[token].item(), lp.top)
             seq.token_ids.append(token)
             seq.cumulative_logprob += lp.logprob
             wait_s, seq.ready_time = step.wait_s(seq.ready_time), now

@@ -131,3 +131,39 @@ def test_health_and_unknown_routes_on_the_business_plane(tiny_server):
     assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
     r = httpx.get(tiny_server.url + "/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["message"]
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+    "pets": {"type": "array", "maxItems": 4, "items": {"type": "object", "properties": {
+        "kind": {"type": "string", "enum": ["cat", "dog", "fish"]}, "name": {"type": "string"}},
+        "required": ["kind"]}}}, "required": ["name", "age", "pets"]}
+
+
+def test_structured_output_always_parses_within_max_tokens(smol_server):
+    """A random model rambles: whatever it samples, the output closes in time and validates;
+    a budget that forced the ending says "length"."""
+    import jsonschema
+    from concurrent.futures import ThreadPoolExecutor
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}}}
+
+    def one(seed: int) -> None:
+        body = {"model": smol_server.ctx.settings.model_name, "messages": CHAT["messages"], "max_tokens": 48, "temperature": 1.0, "seed": seed}
+        body |= {"response_format": fmt} if seed % 2 else {"tools": [tool], "tool_choice": "required"}
+        choice = post(smol_server, "/v1/chat/completions", body).json()["choices"][0]
+        if seed % 2:
+            jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+        else:
+            call = choice["message"]["tool_calls"][0]["function"]
+            assert call["name"] == "get_weather"
+            jsonschema.validate(json.loads(call["arguments"]), tool["function"]["parameters"])
+        assert choice["finish_reason"] in ("stop", "length", "tool_calls")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(100)))
+    too_few = post(smol_server, "/v1/chat/completions", {"model": smol_server.ctx.settings.model_name, "messages": CHAT["messages"], "max_tokens": 3, "response_format": fmt})
+    assert too_few.status_code == 400 and "needs at least" in too_few.json()["error"]["message"]

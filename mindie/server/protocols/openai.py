@@ -360,6 +360,13 @@ async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
             strict and req.tool_choice != "none"):
         grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
                                           req.response_format, strict)
+        if grammar is not None and params.max_tokens is not None:
+            needed = grammar.matcher().min_tokens(limit=params.max_tokens + 1)
+            if needed is None or needed > params.max_tokens:
+                what = "response_format" if req.response_format is not None else "the tool call"
+                raise APIError(422, f"max_tokens is {params.max_tokens}, too few for any valid output: {what} "
+                                    f"needs at least {needed or 'more than ' + str(params.max_tokens)} tokens",
+                               "max_tokens")
     return Generation(ids, params, stream=req.stream, prompt_text=prompt, grammar=grammar)
 
 
