@@ -8,10 +8,10 @@ Two layers:
    across byte-level tokens is never emitted half-finished. Decoding a window with left context,
    and slicing off the context's text, also keeps tokenizers with leading-space rules (SentencePiece
    "▁") right.
-2. Stop strings over that text. Only the text not yet emitted is searched (a match can never start
-   inside emitted text, see `_hold_back`), so each step costs the new text plus at most
-   max(len(stop)) - 1 held-back characters. Trailing characters that could still be the start of a
-   stop string are held back until they cannot.
+2. Stop strings over that text, through one Aho-Corasick automaton (mindie/engine/stop_matcher.py)
+   that reads each new character once, so a step costs its new text whatever the number of stop
+   strings. Trailing characters that could still be the start of a stop string (the automaton's
+   state) are held back until they cannot; a match can never start in emitted text.
 
 A stop "matches" at the first moment the text contains it: among all occurrences, the one that ends
 first wins, and of those ending at the same place the one that starts first (the longest). This
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mindie.engine.stop_matcher import StopMatcher
 from mindie.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
@@ -58,7 +59,7 @@ class IncrementalDetokenizer:
             stop = (stop,)
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._stop = tuple(dict.fromkeys(s for s in stop if s))  # empty strings never match
+        self._stop = StopMatcher(stop) if any(stop) else None
         self._include_stop = include_stop_str_in_output
 
         context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
@@ -153,16 +154,19 @@ class IncrementalDetokenizer:
     def _take(self, new_text: str, out: list[str], *, final: bool) -> bool:
         """Adds decoded text: emits what is safe into `out`; True when a stop string matched."""
         pending = self._pending + new_text
-        if self._stop:
-            match = _first_stop(pending, self._stop)
-            if match is not None:
-                start, stop = match
-                end = start + len(stop) if self._include_stop else start
-                self._emit(pending[:end], out)
-                self._pending = ""
-                self._stop_string = stop
-                return True
-        keep = 0 if final else _hold_back(pending, self._stop)
+        if self._stop is None:
+            self._emit(pending, out)
+            self._pending = ""
+            return False
+        match = self._stop.feed(new_text)  # the held-back text was read already
+        if match is not None:
+            end = len(self._pending) + match[0]
+            start = end - match[1]  # >= 0: a match never starts in emitted text
+            self._emit(pending[: end if self._include_stop else start], out)
+            self._pending = ""
+            self._stop_string = pending[start:end]
+            return True
+        keep = 0 if final else self._stop.held
         self._emit(pending[: len(pending) - keep], out)
         self._pending = pending[len(pending) - keep :]
         return False
@@ -172,30 +176,3 @@ class IncrementalDetokenizer:
             self._chunks.append(text)
             out.append(text)
 
-
-def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
-    """(start, stop string) of the occurrence that ends first (then starts first), or None."""
-    best: tuple[int, int, str] | None = None  # (end, start, stop)
-    for s in stops:
-        start = text.find(s)
-        if start >= 0:
-            cand = (start + len(s), start, s)
-            if best is None or cand[:2] < best[:2]:
-                best = cand
-    return None if best is None else (best[1], best[2])
-
-
-def _hold_back(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a stop string.
-
-    Emitting up to there is safe: were a character before it part of a later match, the text from
-    that match's start to the current end would be a longer such suffix (or a whole, already-found
-    stop string). For the same reason, no match ever starts in emitted text.
-    """
-    keep = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), keep, -1):
-            if text.endswith(s[:k]):
-                keep = k
-                break
-    return keep

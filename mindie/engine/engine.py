@@ -17,12 +17,13 @@ import dataclasses
 import itertools
 import secrets
 import time
+from typing import NamedTuple
 
 import torch
 
 from mindie.config import EngineConfig
 from mindie.engine.block_manager import BlockManager
-from mindie.engine.detokenizer import IncrementalDetokenizer
+from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
@@ -30,6 +31,16 @@ from mindie.model.loader import LoadedModel
 from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
+
+
+class StepInfo(NamedTuple):
+    """What every token computed in one step reports: the step's size and when it started."""
+
+    batch_size: int
+    started: float  # time.monotonic() at the start of the step
+
+    def wait_s(self, ready_time: float) -> float:
+        return max(0.0, self.started - ready_time)
 
 
 def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
@@ -53,6 +64,9 @@ class LLMEngine:
         self.beam_searches: dict[str, BeamSearch] = {}  # request id -> its search, for beam requests
         self._beam_logits: dict[Sequence, torch.Tensor] = {}  # computed beams waiting for their siblings
         self._beam_ids = itertools.count(1)  # sequence index of forked beams (the prompt's is 0)
+        # request id -> (batch size, queue wait) of each beam step so far: a hypothesis of length
+        # L reports the first L of them
+        self._beam_steps: dict[str, list[tuple[int, float]]] = {}
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
 
     # --- requests ------------------------------------------------------------------------------
@@ -88,7 +102,7 @@ class LLMEngine:
                 f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
                 f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
             )
-        base_seed = params.seed if params.seed is not None else secrets.randbits(63)
+        base_seed = params.seed if params.seed is not None else secrets.randbits(64)
         if request.grammar is not None and params.use_beam_search:
             raise ValueError("use_beam_search cannot be combined with structured output or required tool calls")
         if params.use_beam_search:
@@ -103,7 +117,7 @@ class LLMEngine:
                 stop=request.params.stop,
                 include_stop_str_in_output=request.params.include_stop_str_in_output,
             )
-            seed = (base_seed + index) % 2**63  # distinct, reproducible draws per sample
+            seed = (base_seed + index) % 2**64  # distinct, reproducible draws per sample
             matcher = request.grammar.matcher() if request.grammar is not None else None
             samples.append(Sequence(request, index, seed, max_total, detok,
                                     admit_after=samples[0] if samples else None, matcher=matcher))
@@ -120,14 +134,16 @@ class LLMEngine:
         prompt.lockstep = [prompt]  # one live beam until the first step
         self.requests[request.request_id] = prompt.lockstep
         self.beam_searches[request.request_id] = search
+        self._beam_steps[request.request_id] = []
         self.scheduler.add(prompt)
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Stops every sample of a request in any phase and frees their blocks; returns their
         final outputs (empty if the request is unknown or already finished)."""
         if request_id in self.beam_searches:
-            return self._finish_beams(request_id, FinishReason.ABORT, 0)
-        return [self._finish(seq, FinishReason.ABORT, [], [], "", 0) for seq in list(self.requests.get(request_id, []))]
+            return self._finish_beams(request_id, FinishReason.ABORT)
+        return [self._finish(seq, FinishReason.ABORT, [], [], "", None)
+                for seq in list(self.requests.get(request_id, []))]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -135,6 +151,7 @@ class LLMEngine:
     # --- the step ------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        started = time.monotonic()
         outputs = self._expire_timeouts()
         scheduled = self.scheduler.schedule()
         if not scheduled.scheduled:
@@ -144,7 +161,7 @@ class LLMEngine:
             self._record_prompt_logprobs(span)
         self.scheduler.after_step(scheduled)
         if seqs:
-            outputs += self._update(seqs, logits, batch_size=len(scheduled.scheduled))
+            outputs += self._update(seqs, logits, StepInfo(len(scheduled.scheduled), started))
         return outputs
 
     def _expire_timeouts(self) -> list[RequestOutput]:
@@ -152,24 +169,26 @@ class LLMEngine:
         expired = [rid for rid, samples in self.requests.items() if samples[0].timed_out(now)]
         return [out for rid in expired for out in self.abort(rid)]
 
-    def _update(self, seqs: list[Sequence], logits: torch.Tensor, batch_size: int) -> list[RequestOutput]:
+    def _update(self, seqs: list[Sequence], logits: torch.Tensor, step: StepInfo) -> list[RequestOutput]:
         beam_rows = [row for row, seq in enumerate(seqs) if seq.lockstep is not None]
         if not beam_rows:
-            return self._sample(seqs, logits, batch_size)
+            return self._sample(seqs, logits, step)
         plain = [row for row, seq in enumerate(seqs) if seq.lockstep is None]
-        outputs = self._sample([seqs[r] for r in plain], logits[plain], batch_size) if plain else []
+        outputs = self._sample([seqs[r] for r in plain], logits[plain], step) if plain else []
         for row in beam_rows:
             self._beam_logits[seqs[row]] = logits[row]
         for request_id in dict.fromkeys(seqs[row].request.request_id for row in beam_rows):
             beams = self.requests[request_id]  # the group's lockstep list
             if all(beam.num_pending_tokens == 0 for beam in beams):
-                outputs += self._beam_step(request_id, beams, batch_size)
+                outputs += self._beam_step(request_id, beams, step)
         return outputs
 
-    def _beam_step(self, request_id: str, beams: list[Sequence], batch_size: int) -> list[RequestOutput]:
+    def _beam_step(self, request_id: str, beams: list[Sequence], step: StepInfo) -> list[RequestOutput]:
+        # The group waits as one: from the end of its previous step (its lead's ready time).
+        self._beam_steps[request_id].append((step.batch_size, step.wait_s(beams[0].ready_time)))
         children = self.beam_searches[request_id].step(torch.stack([self._beam_logits.pop(b) for b in beams]))
         if not children:
-            return self._finish_beams(request_id, None, batch_size)
+            return self._finish_beams(request_id, None)
         # Fork before any token is appended: a child starts as an exact copy of its parent.
         continued: set[int] = set()
         next_beams = []
@@ -188,16 +207,18 @@ class LLMEngine:
         now = time.monotonic()
         for beam, (_, token) in zip(next_beams, children):
             beam.token_ids.append(token)
+            beam.ready_time = now
             if beam.first_token_time is None:
                 beam.first_token_time = now
         beams[:] = next_beams  # the shared lockstep list, now in the search's row order
         return []
 
-    def _finish_beams(self, request_id: str, reason: FinishReason | None, batch_size: int) -> list[RequestOutput]:
+    def _finish_beams(self, request_id: str, reason: FinishReason | None) -> list[RequestOutput]:
         """Frees every beam and returns the n best hypotheses, best first (reason None: the search
         is done), or n empty outputs with `reason` (an abort)."""
         search = self.beam_searches.pop(request_id)
         beams = self.requests.pop(request_id)
+        steps = self._beam_steps.pop(request_id)
         for beam in beams:
             self.scheduler.remove(beam)
             self._beam_logits.pop(beam, None)
@@ -221,8 +242,8 @@ class LLMEngine:
                 num_output_tokens=len(tokens),
                 cumulative_logprob=hyp.cumulative_logprob if hyp else 0.0,
                 seed=lead.seed,
-                batch_size=batch_size,
-                queue_wait_s=(lead.first_scheduled_time or now) - lead.request.arrival_time,
+                batch_sizes=[b for b, _ in steps[: len(tokens)]],
+                queue_waits_s=[w for _, w in steps[: len(tokens)]],
                 # The tokens reach the client now, all at once.
                 first_token_latency_s=now - lead.request.arrival_time if tokens else None,
                 num_cached_prompt_tokens=lead.num_cached_prompt_tokens,
@@ -231,7 +252,7 @@ class LLMEngine:
             ))
         return outputs
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, batch_size: int) -> list[RequestOutput]:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, step: StepInfo) -> list[RequestOutput]:
         sampled = sample(logits, seqs)
         tokens = sampled.token_ids.tolist()
         logprobs = sampled.logprobs.tolist()
@@ -242,19 +263,31 @@ class LLMEngine:
             token, params = tokens[row], seq.request.params
             n_top = params.logprobs or 0
             lp = TokenLogprob(token, logprobs[row], list(zip(top_ids[row][:n_top], top_lps[row][:n_top])))
+            if seq.matcher is not None:
+                # A structured output must parse however the budget ends: near its end, the next
+                # token of a shortest completion replaces one that would leave no room to finish.
+                forced = seq.matcher.fit_budget(token, seq.max_total_tokens - len(seq.token_ids))
+                if forced != token:
+                    token = forced
+                    lp = TokenLogprob(token, torch.log_softmax(logits[row].float(), -1)[token].item(), lp.top)
             seq.token_ids.append(token)
             seq.cumulative_logprob += lp.logprob
+            wait_s, seq.ready_time = step.wait_s(seq.ready_time), now
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            delta = seq.detokenizer.append([token])
+            if token in params.stop_token_ids and not params.include_stop_str_in_output:
+                # a stop token ends the text without adding its own (as a stop string does)
+                delta = DetokenizerDelta("", None)
+            else:
+                delta = seq.detokenizer.append([token])
             reason = self._finish_reason(seq, token, delta.stop_string is not None)
             if reason is None and seq.matcher is not None and (not seq.matcher.advance(token)
                                                                or seq.matcher.is_finished()):
                 reason = FinishReason.EOS  # the value is complete (the mask allows nothing else)
             if reason is None:
-                outputs.append(self._output(seq, [token], [lp], delta.text, None, batch_size))
+                outputs.append(self._output(seq, [token], [lp], delta.text, None, (step.batch_size, wait_s)))
             else:
-                outputs.append(self._finish(seq, reason, [token], [lp], delta.text, batch_size))
+                outputs.append(self._finish(seq, reason, [token], [lp], delta.text, (step.batch_size, wait_s)))
         return outputs
 
     def _record_prompt_logprobs(self, span: PromptLogits) -> None:
@@ -281,7 +314,7 @@ class LLMEngine:
         return None
 
     def _finish(self, seq: Sequence, reason: FinishReason, tokens: list[int], lps: list[TokenLogprob],
-                text: str, batch_size: int) -> RequestOutput:
+                text: str, timing: tuple[int, float] | None) -> RequestOutput:
         if reason is not FinishReason.STOP:
             text += seq.detokenizer.flush()
         seq.finish_reason = reason
@@ -290,12 +323,13 @@ class LLMEngine:
         samples.remove(seq)
         if not samples:
             del self.requests[seq.request.request_id]
-        return self._output(seq, tokens, lps, text, reason, batch_size, request_done=not samples)
+        return self._output(seq, tokens, lps, text, reason, timing, request_done=not samples)
 
     def _output(self, seq: Sequence, tokens: list[int], lps: list[TokenLogprob], text: str,
-                reason: FinishReason | None, batch_size: int, request_done: bool = False) -> RequestOutput:
+                reason: FinishReason | None, timing: tuple[int, float] | None,
+                request_done: bool = False) -> RequestOutput:
+        """`timing`: (batch size, queue wait) of the one new token; None when there is none."""
         first = seq.first_token_time is not None and seq.num_output_tokens == len(tokens) and tokens
-        queue_wait = (seq.first_scheduled_time or time.monotonic()) - seq.request.arrival_time
         return RequestOutput(
             request_id=seq.request.request_id,
             index=seq.index,
@@ -307,8 +341,8 @@ class LLMEngine:
             num_output_tokens=seq.num_output_tokens,
             cumulative_logprob=seq.cumulative_logprob,
             seed=seq.seed,
-            batch_size=batch_size,
-            queue_wait_s=queue_wait,
+            batch_sizes=[timing[0]] if timing else [],
+            queue_waits_s=[timing[1]] if timing else [],
             first_token_latency_s=(seq.first_token_time - seq.request.arrival_time) if first else None,
             num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
             request_done=request_done,

@@ -19,8 +19,13 @@ from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-proba
 if TYPE_CHECKING:
     from mindie.structured.grammar import Grammar
 
+SEED_MAX = 2**64 - 1  # seeds are uint64, as MindIE documents them
 MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
-MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024  # bound the work a request sizes
+# Bounds on the work a request sizes (seeds 002 and 004): stop strings, their total characters, and
+# stop token ids. One stop string may be 32768 characters (a string `stop` on /v1/completions);
+# the API routes bound the strings of a list at 1024 characters each.
+MAX_STOP_STRINGS, MAX_STOP_CHARS_TOTAL, MAX_STOP_TOKEN_IDS = 1024, 32768, 1024
+MAX_STOP_LIST_ITEM_CHARS = 1024
 
 
 class FinishReason(enum.StrEnum):
@@ -78,15 +83,17 @@ class SamplingParams:
                "in (0, inf)", self.repetition_penalty)
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "in [-2, 2]", self.presence_penalty)
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", "in [0, 2^63)", self.seed)
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX), "seed",
+               "in [0, 2^64-1]", self.seed)
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS, "logprobs",
                f"in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS, "prompt_logprobs",
                f"in [0, {MAX_TOP_LOGPROBS}]", self.prompt_logprobs)
-        _check(len(self.stop) <= MAX_STOP_STRINGS and all(
-            isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS for s in self.stop),
-            "stop", f"at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_CHARS} characters",
-            self.stop if len(self.stop) <= 4 else f"{len(self.stop)} strings")
+        _check(len(self.stop) <= MAX_STOP_STRINGS and all(isinstance(s, str) and s for s in self.stop)
+               and sum(len(s) for s in self.stop) <= MAX_STOP_CHARS_TOTAL,
+               "stop", f"at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS_TOTAL} "
+               "characters in all", self.stop if len(self.stop) <= 4 and sum(map(len, self.stop)) <= 200
+               else f"{len(self.stop)} strings of {sum(map(len, self.stop))} characters")
         _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS and all(
             isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
             "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} non-negative integers",
@@ -164,8 +171,11 @@ class RequestOutput:
     num_output_tokens: int
     cumulative_logprob: float
     seed: int
-    batch_size: int  # size of the step that produced these tokens (MindIE usage.batch_size)
-    queue_wait_s: float  # time the request waited before its first step (MindIE queue_wait_time)
+    # One entry per token of new_token_ids (MindIE usage.batch_size / queue_wait_time): the size
+    # of the step that computed the token, and the token's own wait, from the sample being ready
+    # for it (arrival, or its previous token) to the start of that step.
+    batch_sizes: list[int]
+    queue_waits_s: list[float]
     first_token_latency_s: float | None  # set on the output that carries the first token
     num_cached_prompt_tokens: int = 0
     request_done: bool = False

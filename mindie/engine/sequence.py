@@ -42,11 +42,16 @@ class Sequence:
     cumulative_logprob: float = 0.0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # Since when the sequence waits for its next token: arrival, then the end of the step that
+    # gave it its last token. A token's queue wait runs from here to the start of its step.
+    ready_time: float = 0.0
     finish_reason: FinishReason | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.prompt_token_ids)
+        if not self.ready_time:
+            self.ready_time = self.request.arrival_time
 
     @property
     def wants_prompt_logprobs(self) -> bool:

@@ -57,7 +57,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> ops.SampleOutput:
         temperature,
         torch.tensor([p.top_k for p in params], dtype=torch.int32),
         torch.tensor([p.top_p for p in params], dtype=torch.float32),
-        torch.tensor([s.seed for s in seqs], dtype=torch.int64),
+        # The kernel reads the seed's 64 bits as uint64: pass a uint64 as its int64 bit pattern.
+        torch.tensor([s.seed - 2**64 if s.seed >= 2**63 else s.seed for s in seqs], dtype=torch.int64),
         torch.tensor([s.num_output_tokens for s in seqs], dtype=torch.int64),
         num_logprobs=max((p.logprobs or 0) for p in params),
         **kwargs,

@@ -43,6 +43,7 @@ class RouteSpec:
     style: ErrorStyle = ErrorStyle.MINDIE
     body_model: type[Body] | None = None  # documents the body in /openapi.json
     summary: str = ""
+    public: bool = False  # answered without the API key (a liveness probe)
 
 
 class _GenerateProbe(Body):
@@ -103,6 +104,9 @@ ROUTES: list[RouteSpec] = [
     RouteSpec(BUSINESS, "GET", "/v2", triton.server_metadata),
     RouteSpec(BUSINESS, "GET", "/v2/models/{model}", triton.model_metadata),
     RouteSpec(BUSINESS, "GET", "/v2/models/{model}/config", triton.model_config),
+    # Load testers (guidellm) and proxies probe /health on the URL they are given, as vLLM and TGI
+    # answer it on their API port: the business plane answers it too.
+    RouteSpec(BUSINESS, "GET", "/health", management.health, public=True),
     RouteSpec(MANAGEMENT, "GET", "/health", management.health),
     RouteSpec(MANAGEMENT, "GET", "/health/timed", management.health_timed),
     RouteSpec(MANAGEMENT, "GET", "/health/timed-{seconds}", management.health_timed),
@@ -137,7 +141,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
-    guarded = spec.plane == BUSINESS and ctx.settings.api_key is not None
+    guarded = spec.plane == BUSINESS and ctx.settings.api_key is not None and not spec.public
     expected = f"Bearer {ctx.settings.api_key}".encode() if guarded else b""
 
     async def endpoint(request: Request) -> Response:
@@ -224,6 +228,20 @@ def build_apps(ctx: Serving) -> dict[tuple[str, int], Starlette]:
         return json_response(doc)
 
     routes[address[BUSINESS]].append(Route("/openapi.json", openapi, methods=["GET"]))
+    known = list(routes[address[BUSINESS]])
+
+    async def unknown_v1(request: Request) -> Response:
+        """OpenAI clients read `error.message` of any failure under /v1/: no bare 404 there."""
+        path = request.url.path
+        if any(r.path_regex.match(path) for r in known):
+            err = APIError(405, f"{request.method} is not allowed on {path}")
+        else:
+            err = APIError(404, f"no route {request.method} {path}; see /openapi.json for the routes")
+        return error_response(err, ErrorStyle.OPENAI)
+
+    # last: only what no route above matched in full
+    routes[address[BUSINESS]].append(Route("/v1/{rest:path}", unknown_v1,
+                                           methods=["GET", "POST", "PUT", "PATCH", "DELETE"]))
     middleware = [Middleware(RequestIdMiddleware),
                   Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
     return {addr: Starlette(routes=r, middleware=middleware) for addr, r in routes.items()}

@@ -18,7 +18,7 @@ _MINDIE_TYPES = {
     500: "Incomplete Generation", 503: "Service Unavailable",
 }
 _OPENAI_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
     413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
     500: "server_error", 503: "server_error",
 }

@@ -13,8 +13,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mindie.engine.request import SEED_MAX
+
 INT32_MAX = 2**31 - 1
-SEED_MAX = 2**63 - 1  # MindIE's code bound (its docs say 2^64-1; the engine draws 63-bit seeds)
 
 
 def _fmt(x: float | None, default: str) -> str:
@@ -64,6 +65,9 @@ def number(
     return Annotated[int if integer else float, AfterValidator(check), Field(json_schema_extra=schema)]
 
 
+Seed = number(0, SEED_MAX, integer=True)  # uint64 on every route
+
+
 def text(min_len: int = 0, max_len: int | None = None) -> Any:
     return Annotated[str, Field(min_length=min_len, max_length=max_len)]
 
@@ -110,8 +114,9 @@ def _short(value: Any) -> str:
 def describe(error: ValidationError) -> tuple[str, str | None]:
     """One message for the first problem, and the field it is about."""
     errors = error.errors(include_url=False)
-    # Of a union's failed branches, the one that got deepest is the one the client meant.
-    err = max(errors, key=lambda e: len(e["loc"]))
+    # Of a union's failed branches, the one that got deepest is the one the client meant; at equal
+    # depth, one whose type matched (its complaint is about the value) over a type mismatch.
+    err = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
     field = _loc(tuple(err["loc"]))
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
     if kind == "json_invalid":

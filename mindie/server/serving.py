@@ -8,6 +8,7 @@ nothing here knows which API family asked.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -25,6 +26,9 @@ from mindie.structured.grammar import Grammar, GrammarCompiler
 from mindie.tokenizer import Tokenizer
 
 T = TypeVar("T")
+
+MAX_INPUT_CHARS = 4 * 2**20  # characters of one text input (the spec's 4 MB)
+MAX_INPUT_TOKENS = 2**20  # tokens of one prompt, whatever the configuration allows
 
 
 @dataclass
@@ -133,6 +137,8 @@ class SampleResult:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: FinishReason | None = None
+    batch_sizes: list[int] = field(default_factory=list)  # per token: the size of the step that computed it
+    queue_wait_us: list[int] = field(default_factory=list)  # per token: its own queue wait
 
 
 @dataclass
@@ -143,8 +149,6 @@ class Result:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     seed: int = 0
-    batch_sizes: list[int] = field(default_factory=list)  # per generated token of the longest sample
-    queue_wait_us: list[int] = field(default_factory=list)
     prefill_ms: float | None = None
     decode_ms: list[float] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] | None = None
@@ -170,10 +174,8 @@ class Result:
             self.seed = out.seed
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
-        if len(s.token_ids) > len(self.batch_sizes):
-            grow = len(s.token_ids) - len(self.batch_sizes)
-            self.batch_sizes += [out.batch_size] * grow
-            self.queue_wait_us += [round(out.queue_wait_s * 1e6)] * grow
+        s.batch_sizes += out.batch_sizes
+        s.queue_wait_us += [round(w * 1e6) for w in out.queue_waits_s]
         if item.prefill_ms is not None and self.prefill_ms is None:
             self.prefill_ms = item.prefill_ms
         elif item.decode_ms is not None and out.index == 0 and out.new_token_ids:
@@ -189,8 +191,21 @@ class Result:
         if len(self.samples) == n:
             return self.samples
         chosen = sorted(self.samples, key=lambda s: s.cumulative_logprob, reverse=True)[:n]
-        return [SampleResult(i, s.text, s.token_ids, s.logprobs, s.cumulative_logprob, s.finish_reason)
-                for i, s in enumerate(chosen)]
+        return [dataclasses.replace(s, index=i) for i, s in enumerate(chosen)]
+
+    @property
+    def _longest(self) -> SampleResult:
+        return max(self.samples, key=lambda s: len(s.token_ids))
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        """MindIE's usage.batch_size: per generated token of the longest sample."""
+        return self._longest.batch_sizes
+
+    @property
+    def queue_wait_us(self) -> list[int]:
+        """MindIE's usage.queue_wait_time: per generated token of the longest sample, in us."""
+        return self._longest.queue_wait_us
 
     @property
     def num_output_tokens(self) -> int:
@@ -216,7 +231,8 @@ class Serving:
 
     @property
     def max_input_tokens(self) -> int:
-        return self.settings.engine.max_input_len
+        """min(maxInputTokenLen, maxSeqLen - 1, the model's max_position_embeddings, 1M)."""
+        return min(self.settings.engine.max_input_len, self.model_config.max_position, MAX_INPUT_TOKENS)
 
     def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
         if not text:
@@ -225,9 +241,15 @@ class Serving:
         return self.fit_prompt(self.tokenizer.encode(text, add_special_tokens=add_special_tokens), field_name)
 
     def check_text(self, text: str, field_name: str) -> None:
-        if len(text) > self.settings.max_request_bytes:
-            raise APIError(422, f"{field_name} has {len(text)} characters; the limit is maxRequestLength = "
-                                f"{self.settings.max_request_bytes}", field_name)
+        """The spec's limit on text inputs (/infer inputs, completions prompt, chat messages),
+        checked before tokenizing: 4 MB of characters, or maxRequestLength if smaller."""
+        self.check_chars(len(text), field_name)
+
+    def check_chars(self, num_chars: int, field_name: str) -> None:
+        limit = min(MAX_INPUT_CHARS, self.settings.max_request_bytes)
+        if num_chars > limit:
+            raise APIError(422, f"{field_name} has {num_chars} characters; the limit is {limit} "
+                                f"(4 MB of characters, or maxRequestLength if smaller)", field_name)
 
     def fit_prompt(self, ids: list[int], field_name: str) -> list[int]:
         """Applies the prompt-length limit: an error naming both limits, or truncation when
@@ -243,7 +265,8 @@ class Serving:
             return ids[-limit:]
         e = self.settings.engine
         raise APIError(422, f"{field_name} has {len(ids)} tokens; the limit is min(maxInputTokenLen="
-                            f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}) = {limit}", field_name)
+                            f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}, max_position_embeddings="
+                            f"{self.model_config.max_position}, {MAX_INPUT_TOKENS}) = {limit}", field_name)
 
     def check_token_ids(self, ids: list[int], field_name: str) -> list[int]:
         vocab = self.model_config.vocab_size

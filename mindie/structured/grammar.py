@@ -18,9 +18,11 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from mindie.tokenizer import Tokenizer
@@ -32,12 +34,84 @@ class GrammarError(ValueError):
     """A schema (or tool list) that cannot be compiled; the message names the problem."""
 
 
+@dataclass(frozen=True)
+class Closers:
+    """What a shortest completion is built from, per tokenizer: tokens that end things, best
+    first (close a string or container, the shortest values), and every token's length to pick
+    the longest allowed one where none of those fits (an enum value, a required key)."""
+
+    preferred: tuple[int, ...]
+    lengths: np.ndarray  # int32 [vocab]: characters of each token's text; -1 for special tokens
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int) -> Closers:
+        preferred = []
+        for piece in ('"', "}", "]", '"}', '"]', "}]", "}}", "0", "null", "true", "false", ", ", ",", ": ", ":"):
+            ids = tokenizer.encode(piece, add_special_tokens=False)
+            if len(ids) == 1 and ids[0] not in preferred:
+                preferred.append(ids[0])
+        lengths = np.array([len(tokenizer.decode([t], skip_special_tokens=True)) or -1 for t in range(vocab_size)],
+                           dtype=np.int32)
+        return cls(tuple(preferred), lengths)
+
+
+def _shortest_path(matcher: llguidance.LLMatcher, closers: Closers, limit: int) -> list[int] | None:
+    """A short token path from `matcher`'s state (not changed) to a complete value, found greedily:
+    forced tokens, else the first allowed closer, else the longest allowed token; None if there is
+    none within `limit` tokens. Each step of the path leads to the rest of it, so following it
+    one token at a time takes exactly its length."""
+    m = matcher.deep_copy()
+    path: list[int] = []
+    while not m.is_accepting():
+        if len(path) >= limit or m.is_error():
+            return None
+        forced = m.compute_ff_tokens()
+        if forced:
+            token = forced[0]
+        else:
+            allowed = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+            allowed = allowed[: len(closers.lengths)].astype(bool)
+            token = next((t for t in closers.preferred if allowed[t]), -1)
+            if token < 0:
+                scores = np.where(allowed, closers.lengths, -2)
+                token = int(scores.argmax())
+                if scores[token] < 0:
+                    return None  # only special tokens (EOS) left, yet not accepting
+        if not m.consume_token(token):
+            return None
+        path.append(token)
+    return path
+
+
 class GrammarMatcher:
     """One request's position in its grammar. Not thread-safe; owned by the engine thread."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int, closers: Closers | None = None) -> None:
         self._matcher = matcher
         self._words = bitmask_words
+        self._closers = closers
+
+    def fit_budget(self, token: int, budget: int) -> int:
+        """The token to take now with `budget` tokens left (this one included): `token`, unless
+        the value could then no longer be completed within the budget, in which case the next
+        token of a shortest completion from here. So a value always finishes, closing what is open
+        and filling the required fields, when the budget comes down to what that needs."""
+        if self._closers is None:
+            return token
+        after = self._matcher.deep_copy()
+        if after.consume_token(token):
+            rest = _shortest_path(after, self._closers, budget - 1)
+            if rest is not None:
+                return token
+        path = _shortest_path(self._matcher, self._closers, budget)
+        return path[0] if path else token
+
+    def min_tokens(self, limit: int = 4096) -> int | None:
+        """Tokens the shortest completion from here needs (greedy, an upper bound); None if not known."""
+        if self._closers is None:
+            return None
+        path = _shortest_path(self._matcher, self._closers, limit)
+        return None if path is None else len(path)
 
     @property
     def bitmask_words(self) -> int:
@@ -76,12 +150,13 @@ class GrammarMatcher:
 class Grammar:
     """A compiled constraint: a pristine llguidance matcher that is only ever copied."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int, closers: Closers | None = None) -> None:
         self._matcher = matcher
         self._words = bitmask_words
+        self._closers = closers
 
     def matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._matcher.deep_copy(), self._words)
+        return GrammarMatcher(self._matcher.deep_copy(), self._words, self._closers)
 
 
 class GrammarCompiler:
@@ -107,6 +182,8 @@ class GrammarCompiler:
         self._limits = llguidance.LLParserLimits(verbose_errors=False)
         self._executor = llguidance.LLExecutor(num_threads)
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._tokenizer_source = tokenizer
+        self._closers: Closers | None = None  # built at the first compile (decodes the vocabulary once)
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -202,7 +279,13 @@ class GrammarCompiler:
         probe.compute_bitmask()
         if probe.is_error():
             raise GrammarError(f"invalid JSON schema: {probe.get_error()}")
-        return Grammar(matcher, self.bitmask_words)
+        return Grammar(matcher, self.bitmask_words, self._get_closers())
+
+    def _get_closers(self) -> Closers:
+        with self._lock:
+            if self._closers is None:
+                self._closers = Closers.for_tokenizer(self._tokenizer_source, self.vocab_size)
+            return self._closers
 
 
 MAX_FREE_STRING = 256  # characters

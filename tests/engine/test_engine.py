@@ -187,8 +187,8 @@ def test_bad_requests_raise(loaded):
         engine.add_request(EngineRequest("dup", [1], GREEDY))
     for kwargs, field in [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
                           (dict(logprobs=21), "logprobs"), (dict(max_tokens=0), "max_tokens"),
-                          (dict(presence_penalty=3), "presence_penalty"), (dict(stop=("x",) * 65), "stop"),
-                          (dict(stop=("x" * 1025,)), "stop"), (dict(n=129), "n"),
+                          (dict(presence_penalty=3), "presence_penalty"), (dict(stop=("x",) * 1025), "stop"),
+                          (dict(stop=("x" * 32769,)), "stop"), (dict(n=129), "n"),
                           (dict(stop_token_ids=tuple(range(1025))), "stop_token_ids")]:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)
@@ -271,3 +271,36 @@ def test_random_load_with_aborts_never_leaks(loaded):
         engine.blocks.check_invariants()
     assert len(finished) > 20
     assert engine.blocks.num_used_blocks() == 0 and not engine.requests
+
+
+def test_queue_wait_is_each_tokens_own(loaded):
+    """maxBatchSize 1: the second request waits for the whole first one before its first token,
+    then hardly at all; its waits are per token, not its first wait repeated."""
+    engine = make_engine(loaded, cacheBlockSize=4, maxBatchSize=1)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outs = run(engine, [EngineRequest("a", [1, 2, 3], params), EngineRequest("b", [4, 5, 6], params)])
+    waits = [w for o in outs["b"] for w in o.queue_waits_s]
+    assert len(waits) == 4 and [b for o in outs["b"] for b in o.batch_sizes] == [1] * 4
+    first_done = outs["a"][-1]
+    assert waits[0] > max(waits[1:])  # four steps of "a" against a loop iteration
+    assert all(len(o.queue_waits_s) == len(o.batch_sizes) == len(o.new_token_ids) for o in outs["a"] + outs["b"])
+    assert first_done.finish_reason is FinishReason.LENGTH
+
+
+def test_seeds_are_uint64(loaded, monkeypatch):
+    """Every seed in [0, 2^64-1] is accepted and reproducible, the top half included; an
+    unseeded request reports the 64-bit seed it drew."""
+    engine = make_engine(loaded, cacheBlockSize=4)
+    p = prompts(1)[0]
+    for seed in (0, 2**63 - 1, 2**63, 2**64 - 1):
+        params = SamplingParams(max_tokens=6, seed=seed, ignore_eos=True, n=2)
+        first, again = (run(engine, [EngineRequest("s", p, params)])["s"] for _ in range(2))
+        assert [(o.index, o.new_token_ids) for o in first] == [(o.index, o.new_token_ids) for o in again]
+        assert {o.seed for o in first if o.index == 1} == {(seed + 1) % 2**64}  # sample k: seed + k, wrapped
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\^64-1\]"):
+            SamplingParams(seed=bad)
+    import mindie.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module.secrets, "randbits", lambda bits: 2**bits - 1)  # the top of the draw's range
+    assert run(engine, [EngineRequest("r", p, SamplingParams(max_tokens=1))])["r"][0].seed == 2**64 - 1

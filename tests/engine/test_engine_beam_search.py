@@ -201,7 +201,8 @@ def test_outputs_carry_logprobs_and_timing(loaded):
         assert len(o.new_logprobs) == len(o.new_token_ids) == 6
         for lp, token in zip(o.new_logprobs, o.new_token_ids):
             assert lp.token_id == token and len(lp.top) == 3 and lp.top[0][1] >= lp.logprob
-        assert o.batch_size == 3 and o.queue_wait_s >= 0 and o.first_token_latency_s > 0
+        # the prompt runs alone, then the three beams together
+        assert o.batch_sizes == [1] + [3] * 5 and len(o.queue_waits_s) == 6 and o.first_token_latency_s > 0
 
 
 def test_llm_generate_returns_the_n_beams(tiny_llama_dir):

@@ -40,7 +40,7 @@ def test_infer_stream_framing_and_final_event(tiny_server):
     events = [json.loads(e) for e in sse_events(r)]
     assert events[0]["prefill_time"] is not None and events[0]["decode_time"] is None
     assert all(e["prefill_time"] is None and e["decode_time"] is not None for e in events[1:])
-    assert all(isinstance(e["token"]["id"], list) for e in events)
+    assert all(isinstance(e["token"]["id"], int) for e in events)  # seed 000: one integer id
     last = events[-1]
     assert last["token"]["text"] is None and last["details"]["generated_tokens"] == len(events)
     # the same seed without streaming gives the same text
@@ -152,7 +152,11 @@ def test_openai_completions_shapes(tiny_server):
     assert out["object"] == "text_completion" and sorted(c["index"] for c in out["choices"]) == [0, 1, 2, 3]
     lp = out["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
-    assert all(len(t) <= 2 for t in lp["top_logprobs"])
+    # seed 002: the top 2, plus the sampled token when it is not among them
+    assert all(len(top) <= 3 and tok in top and top[tok] == v
+               for tok, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
+    assert any(len(top) == 3 for c in out["choices"] for top in c["logprobs"]["top_logprobs"]) or all(
+        len(top) == 2 for c in out["choices"] for top in c["logprobs"]["top_logprobs"])
     u = out["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     assert len(u["batch_size"]) == len(u["queue_wait_time"]) > 0

@@ -18,7 +18,8 @@ def post(server, path, body=None, content=None, **kw):
     ({"timeout": 0}, "parameters.timeout", "[1, 3600]"),
     ({"timeout": 3601}, "parameters.timeout", "[1, 3600]"),
     ({"max_new_tokens": 0}, "parameters.max_new_tokens", "(0, 2147483647]"),
-    ({"seed": -1}, "parameters.seed", "[0, 9223372036854775807]"),
+    ({"seed": -1}, "parameters.seed", "[0, 18446744073709551615]"),
+    ({"seed": 2**64}, "parameters.seed", "[0, 18446744073709551615]"),
     ({"repetition_penalty": 0}, "parameters.repetition_penalty", "(0, inf)"),
 ])
 def test_native_ranges(tiny_server, params, field, rng):
@@ -63,9 +64,26 @@ def test_malformed_bodies(tiny_server, content):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"temperature": -1}, "temperature", "[0, inf)"),
-    ({"top_p": 0}, "top_p", "(1e-06, 1]"),
-    ({"top_k": 0}, "top_k", "-1 or (0, 2147483647]"),
+    ({"temperature": -1}, "temperature", "[0, 2]"),  # seed 004's chat ranges
+    ({"temperature": 2.5}, "temperature", "[0, 2]"),
+    ({"top_p": 0}, "top_p", "(0, 1]"),
+    ({"top_k": -2}, "top_k", "-1 or [0, 2147483647]"),
+    ({"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "non-empty"),
+    ({"messages": [{"role": "assistant", "content": ""}]}, "messages[0].content", "non-empty"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+     "tools[0].function.parameters.properties", "required"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]},
+     "tools[0].function.parameters.required", "required"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}}}]},
+     "tools[0].function.parameters.required", "not in properties"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {}, "required": [], "additionalProperties": "no"}}}]},
+     "tools[0].function.parameters.additionalProperties", "true or false"),
+    ({"stop": ["x"] * 1025}, "stop", "at most 1024"),
+    ({"stop": "x" * 1025}, "stop", "at most 1024"),
+    ({"stop": ["x" * 1000] * 33}, "stop", "32768"),
+    ({"messages": [{"role": "user", "content": "x" * (4 * 2**20 + 1)}]}, "messages", "4 MB"),
     ({"presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
     ({"repetition_penalty": 2.5}, "repetition_penalty", "(0, 2]"),
     ({"n": 0}, "n", "[1, 128]"),
@@ -77,7 +95,7 @@ def test_malformed_bodies(tiny_server, content):
     ({"messages": []}, "messages", "at least 1"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "system"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id", "required"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content", "required"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "non-empty"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "text"),
 ])
 def test_openai_chat_errors(tiny_server, body, param, words):

@@ -8,7 +8,7 @@ from starlette.responses import Response
 
 from mindie.engine.request import SamplingParams
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, SEED_MAX, Body, number, parse
+from mindie.server.fields import INT32_MAX, Body, Seed, number, parse
 from mindie.server.protocols.common import (
     MINDIE_REASONS,
     ContentPart,
@@ -24,7 +24,6 @@ Temperature = number(0, None, lo_open=True)
 TopK = number(0, INT32_MAX, lo_open=True, integer=True)
 TopP = number(0, 1, lo_open=True, hi_open=True)
 MaxNewTokens = number(0, INT32_MAX, lo_open=True, integer=True)
-Seed = number(0, SEED_MAX, integer=True)
 Penalty = number(0, None, lo_open=True)
 TypicalP = number(0, 1, lo_open=True)
 Priority = number(1, 5, integer=True)
@@ -120,12 +119,15 @@ async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
                 "prefill_time": round(item.prefill_ms, 2) if item.prefill_ms is not None else None,
                 "decode_time": round(item.decode_ms, 2) if item.decode_ms is not None else None,
             }
+            # Seed 000: token.id is the event's one token as an integer (an event per step, one
+            # token each; None on an end without a token, such as an abort).
+            token_id = out.new_token_ids[-1] if out.new_token_ids else None
             if out.finish_reason is None:
-                event["token"] = {"id": out.new_token_ids, "text": result.stream_text(out, ctx.settings.full_text)}
+                event["token"] = {"id": token_id, "text": result.stream_text(out, ctx.settings.full_text)}
             else:
                 event["generated_text"] = result.samples[0].text
                 event["details"] = _details(result, p, full=False) if p.details else None
-                event["token"] = {"id": out.new_token_ids, "text": None}
+                event["token"] = {"id": token_id, "text": None}
             yield sse(event)
 
     return stream_response(stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE)))

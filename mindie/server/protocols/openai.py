@@ -5,7 +5,8 @@ import dataclasses
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from jinja2 import TemplateError
@@ -13,11 +14,12 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mindie.engine.request import FinishReason, TokenLogprob
+from mindie.engine.request import MAX_STOP_CHARS_TOTAL, FinishReason, TokenLogprob
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number, parse
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.common import OPENAI_REASONS, ContentPart, join_parts, json_response, sse, stream_response
+from mindie.server.protocols.tgi import StopList
 from mindie.server.protocols.vllm import SamplingFields, TokenId
 from mindie.server.serving import Generation, OutputStream, Result, Serving, StreamItem, until_disconnect
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
@@ -59,6 +61,7 @@ class Tool(Body):
 
 class StreamOptions(Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
 
 
 class ResponseFormat(Body):
@@ -76,6 +79,10 @@ class OpenAIFields(SamplingFields):
 
 class ChatRequest(OpenAIFields):
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    # seed 004's ranges where it and seed 001 differ
+    temperature: number(0, 2) = 1.0  # type: ignore[valid-type]
+    top_p: number(0, 1, lo_open=True) = 1.0  # type: ignore[valid-type]
+    top_k: number(0, INT32_MAX, integer=True, also=(-1,)) = -1  # type: ignore[valid-type]  # 0 or -1: off
     logprobs: bool = False
     top_logprobs: number(0, 20, integer=True) | None = None  # type: ignore[valid-type]
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
@@ -94,6 +101,8 @@ Prompt = (str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)
 
 class CompletionRequest(OpenAIFields):
     prompt: Prompt  # type: ignore[valid-type]
+    # seed 002: a single stop string may be as long as a whole list (a list follows seed 004)
+    stop: Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS_TOTAL)] | StopList | None = None
     max_tokens: number(0, INT32_MAX, integer=True) | None = None  # type: ignore[valid-type]  # 0: with echo
     logprobs: number(0, 5, integer=True) | None = None  # type: ignore[valid-type]
     echo: bool = False
@@ -121,9 +130,10 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         if m.role == "tool" and m.tool_call_id is None:
             raise APIError(422, f"messages[{i}].tool_call_id is required for a message of role 'tool'",
                            f"messages[{i}].tool_call_id")
-        if m.content is None and not (m.role == "assistant" and m.tool_calls):
-            raise APIError(422, f"messages[{i}].content is required (it may be absent only for an assistant "
-                                "message with tool_calls)", f"messages[{i}].content")
+        if not m.content and not (m.role == "assistant" and m.tool_calls):  # seed 004: absent or empty
+            raise APIError(422, f"messages[{i}].content must be a non-empty string or list of parts (it may be "
+                                "absent or empty only for an assistant message with tool_calls)",
+                           f"messages[{i}].content")
         d: dict[str, Any] = {"role": m.role, "content": join_parts(m.content, f"messages[{i}].content")
                              if m.content is not None else None}
         if m.name is not None:
@@ -145,6 +155,7 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         if isinstance(m.get("content"), str):
             contents.append(m["content"])
             m["content"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
+    ctx.check_chars(sum(map(len, contents)), "messages")  # before the template renders them
     try:
         rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
                                                      tools=tool_dicts, template=template, **(kwargs or {}))
@@ -197,6 +208,14 @@ def chat_logprobs(ctx: Serving, lps: list[TokenLogprob]) -> dict[str, Any]:
                         for lp in lps]}
 
 
+def _top(ctx: Serving, lp: TokenLogprob) -> dict[str, float]:
+    """The top-N entries, and the chosen token when it is not among them (seed 002: N + 1)."""
+    top = {_piece(ctx, t): v for t, v in lp.top}
+    if all(t != lp.token_id for t, _ in lp.top):
+        top.setdefault(_piece(ctx, lp.token_id), lp.logprob)
+    return top
+
+
 def completion_logprobs(ctx: Serving, lps: list[TokenLogprob | None], offset: int, token_ids: list[int] | None = None
                         ) -> dict[str, Any]:
     """The legacy completions shape. With `token_ids` (echo), entries may be None: the prompt's
@@ -209,7 +228,7 @@ def completion_logprobs(ctx: Serving, lps: list[TokenLogprob | None], offset: in
         tokens.append(piece)
         offset += len(piece)
     return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for lp in lps],
-            "top_logprobs": [{_piece(ctx, t): v for t, v in lp.top} if lp else None for lp in lps],
+            "top_logprobs": [_top(ctx, lp) if lp else None for lp in lps],
             "text_offset": offsets}
 
 
@@ -220,12 +239,35 @@ def _usage(results: list[Result], prompt_tokens: int) -> dict[str, Any]:
     completion = sum(r.num_output_tokens for r in results)
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                              "total_tokens": prompt_tokens + completion}
-    cached = sum(r.num_cached_tokens for r in results)
-    if cached:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    # always present: clients read it without checking (0 without a prefix-cache hit)
+    usage["prompt_tokens_details"] = {"cached_tokens": sum(r.num_cached_tokens for r in results)}
     usage["batch_size"] = [b for r in results for b in r.batch_sizes]
     usage["queue_wait_time"] = [q for r in results for q in r.queue_wait_us]
     return usage
+
+
+@dataclass
+class _StreamUsage:
+    """Where a stream's usage goes: a chunk of its own at the end (include_usage), else on the
+    chunk that ends the request (MindIE); with continuous_usage_stats on every chunk as well."""
+
+    options: StreamOptions | None
+    compute: Callable[[list[Result]], dict[str, Any]]
+
+    @property
+    def include(self) -> bool:
+        return bool(self.options and self.options.include_usage)
+
+    def running(self, chunk: dict[str, Any], *results: Result) -> dict[str, Any]:
+        if self.options and self.options.continuous_usage_stats:
+            chunk["usage"] = self.compute(list(results))
+        return chunk
+
+    def last(self, chunk: dict[str, Any], *results: Result) -> dict[str, Any]:
+        """The chunk after which the request produces nothing more."""
+        if not self.include:
+            chunk["usage"] = self.compute(list(results))
+        return self.running(chunk, *results)
 
 
 async def _merge(streams: list[OutputStream]) -> AsyncIterator[tuple[int, StreamItem]]:
@@ -309,7 +351,6 @@ async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
     offered = req.tools if req.tool_choice != "none" else None
     prompt, ids = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
                               dict(req.chat_template_kwargs or {}))
-    ctx.check_text(prompt, "messages")
     ids = ctx.fit_prompt(ids, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=_max_tokens(req), stream=req.stream)
@@ -319,6 +360,13 @@ async def _chat_generation(ctx: Serving, req: ChatRequest) -> Generation:
             strict and req.tool_choice != "none"):
         grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
                                           req.response_format, strict)
+        if grammar is not None and params.max_tokens is not None:
+            needed = grammar.matcher().min_tokens(limit=params.max_tokens + 1)
+            if needed is None or needed > params.max_tokens:
+                what = "response_format" if req.response_format is not None else "the tool call"
+                raise APIError(422, f"max_tokens is {params.max_tokens}, too few for any valid output: {what} "
+                                    f"needs at least {needed or 'more than ' + str(params.max_tokens)} tokens",
+                               "max_tokens")
     return Generation(ids, params, stream=req.stream, prompt_text=prompt, grammar=grammar)
 
 
@@ -355,7 +403,7 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
         return json_response({**head, "choices": choices, "usage": _usage([result], len(gen.prompt_ids))})
 
     head["object"] = "chat.completion.chunk"
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    usage = _StreamUsage(req.stream_options, lambda results: _usage(results, len(gen.prompt_ids)))
     names = [t.function.name for t in req.tools or ()]
     parsers = {i: ToolCallParser(names) for i in range(gen.params.num_outputs)} if _reads_calls(req) else {}
     called: set[int] = set()
@@ -376,31 +424,28 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
         return out
 
     async def events():  # type: ignore[no-untyped-def]
+        # Seed 001's framing: every delta names the role, and each choice ends with a chunk whose
+        # delta is {} and which carries the finish reason.
         result = Result.empty(gen.params)
-        for i in range(gen.params.n):
-            yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
         async for item in stream:
             result.add(item)
             out = item.output
             final = out.finish_reason is not None
-            pieces = deltas(out.index, out.new_text, final)
             lps = chat_logprobs(ctx, out.new_logprobs) if req.logprobs else None
+            for k, delta in enumerate(deltas(out.index, out.new_text, final)):
+                chunk = {**head, "choices": [{"index": out.index, "delta": {"role": "assistant", **delta},
+                                              "logprobs": lps, "finish_reason": None}]}
+                lps = None  # the step's log-probabilities ride on its first chunk
+                yield sse(usage.running(chunk, result))
             if final:
                 reason = "tool_calls" if out.index in called and out.finish_reason is not FinishReason.LENGTH \
                     else OPENAI_REASONS[out.finish_reason]
-                pieces = pieces or [{}]
-            for k, delta in enumerate(pieces):
-                last = final and k == len(pieces) - 1
-                choice = {"index": out.index, "delta": delta, "logprobs": lps if k == 0 else None,
-                          "finish_reason": reason if last else None}
-                chunk: dict[str, Any] = {**head, "choices": [choice]}
-                if last and out.request_done and not include_usage:
-                    chunk["usage"] = _usage([result], len(gen.prompt_ids))
-                if last and ctx.settings.full_text:
+                chunk = {**head, "choices": [{"index": out.index, "delta": {}, "logprobs": lps,
+                                              "finish_reason": reason}]}
+                if ctx.settings.full_text:
                     chunk["full_text"] = result.samples[out.index].text
-                yield sse(chunk)
-        if include_usage:
+                yield sse(usage.last(chunk, result) if out.request_done else usage.running(chunk, result))
+        if usage.include:
             yield sse({**head, "choices": [], "usage": _usage([result], len(gen.prompt_ids))})
         yield b"data: [DONE]\n\n"
 
@@ -470,7 +515,26 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
             usage.update(completion_tokens=0, total_tokens=prompt_tokens, batch_size=[], queue_wait_time=[])
         return json_response({**head, "choices": choices, "usage": usage})
 
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    usage = _StreamUsage(req.stream_options, lambda rs: _usage(rs, prompt_tokens))
+
+    def choice(k: int, index: int, text: str, lps: list[TokenLogprob] | None, offset: int,
+               reason: FinishReason | None) -> dict[str, Any]:
+        """One choice of a stream chunk; `lps` None: none to report (the echoed prompt)."""
+        return {"index": k * n + index, "text": text,
+                "logprobs": completion_logprobs(ctx, lps, offset) if req.logprobs is not None and lps is not None
+                else None,
+                "stop_reason": None, "finish_reason": OPENAI_REASONS[reason] if reason else None}
+
+    async def beam_events():  # type: ignore[no-untyped-def]
+        """Seed 002's "fake stream": a beam search knows its choices only at its end, so they
+        come as one event carrying every choice, then [DONE]."""
+        results = await _collect_all(ctx, request, streams)
+        choices = [choice(k, s.index, echo_text(k) + s.text, s.logprobs, len(echo_text(k)), s.finish_reason)
+                   for k, result in enumerate(results) for s in result.best(n)]
+        yield sse(usage.last({**head, "choices": choices}, *results))
+        if usage.include:
+            yield sse({**head, "choices": [], "usage": _usage(results, prompt_tokens)})
+        yield b"data: [DONE]\n\n"
 
     async def events():  # type: ignore[no-untyped-def]
         results = [Result.empty(params) for _ in streams]
@@ -479,8 +543,7 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
             for k in range(len(streams)):
                 for i in range(n):
                     offsets[(k, i)] = len(echo_text(k))
-                    yield sse({**head, "choices": [{"index": k * n + i, "text": echo_text(k), "logprobs": None,
-                                                    "stop_reason": None, "finish_reason": None}]})
+                    yield sse({**head, "choices": [choice(k, i, echo_text(k), None, 0, None)]})
         done = 0
         async for k, item in _merge(streams):
             results[k].add(item)
@@ -489,20 +552,17 @@ async def completions(ctx: Serving, request: Request, body: bytes) -> Response:
                 continue
             offset = offsets.get((k, out.index), 0)
             offsets[(k, out.index)] = offset + len(out.new_text)
-            chunk: dict[str, Any] = {**head, "choices": [{
-                "index": k * n + out.index, "text": out.new_text,
-                "logprobs": completion_logprobs(ctx, out.new_logprobs, offset) if req.logprobs is not None else None,
-                "stop_reason": None,
-                "finish_reason": OPENAI_REASONS[out.finish_reason] if out.finish_reason else None}]}
+            chunk: dict[str, Any] = {**head, "choices": [choice(k, out.index, out.new_text, out.new_logprobs,
+                                                                offset, out.finish_reason)]}
             done += out.request_done
-            if done == len(streams) and out.request_done and not include_usage:
-                chunk["usage"] = _usage(results, prompt_tokens)
-            yield sse(chunk)
-        if include_usage:
+            last = done == len(streams) and out.request_done
+            yield sse(usage.last(chunk, *results) if last else usage.running(chunk, *results))
+        if usage.include:
             yield sse({**head, "choices": [], "usage": _usage(results, prompt_tokens)})
         yield b"data: [DONE]\n\n"
 
-    return stream_response(_Multi(streams), events, lambda e: sse(e.body(ErrorStyle.OPENAI)))
+    return stream_response(_Multi(streams), beam_events if params.use_beam_search else events,
+                           lambda e: sse(e.body(ErrorStyle.OPENAI)))
 
 
 # --- models --------------------------------------------------------------------------------------

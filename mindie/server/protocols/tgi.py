@@ -6,6 +6,7 @@ from pydantic import AfterValidator, Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mindie.engine.request import MAX_STOP_CHARS_TOTAL, MAX_STOP_LIST_ITEM_CHARS, MAX_STOP_STRINGS
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number, parse
 from mindie.server.protocols.common import (
@@ -29,18 +30,18 @@ from mindie.server.protocols.native import (
 )
 from mindie.server.serving import Generation, Result, SampleResult, Serving
 
-MAX_STOP, MAX_STOP_CHARS, MAX_STOP_TOTAL = 1024, 1024, 32768
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LIST_ITEM_CHARS)]
 
 
 def _stop_total(stops: list[str]) -> list[str]:
     total = sum(len(s) for s in stops)
-    if total > MAX_STOP_TOTAL:
-        raise ValueError(f"must have at most {MAX_STOP_TOTAL} characters in total, got {total}")
+    if total > MAX_STOP_CHARS_TOTAL:
+        raise ValueError(f"must have at most {MAX_STOP_CHARS_TOTAL} characters in total, got {total}")
     return stops
 
 
-StopList = Annotated[list[StopString], Field(max_length=MAX_STOP), AfterValidator(_stop_total)]
+# seed 004: up to 1024 strings of 1..1024 characters, 32768 in all
+StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS), AfterValidator(_stop_total)]
 
 
 class TGIParameters(Body):

@@ -59,14 +59,35 @@ def apply_fallback(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
     return out
 
 
+def _check_parameters(parameters: dict[str, Any], where: str) -> None:
+    """Seed 004's shape: {"type": "object", "properties": {...}, "required": [...]}, with an
+    optional boolean additionalProperties (false when absent, which the grammar honours)."""
+    if parameters.get("type") != "object":
+        raise APIError(422, f"{where}.type must be 'object', got {parameters.get('type')!r}", f"{where}.type")
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict) or not all(isinstance(v, dict) for v in properties.values()):
+        raise APIError(422, f"{where}.properties is required: an object mapping each parameter name to its schema "
+                            "object", f"{where}.properties")
+    required = parameters.get("required")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise APIError(422, f"{where}.required is required: a list of parameter names (may be empty)",
+                       f"{where}.required")
+    missing = [r for r in required if r not in properties]
+    if missing:
+        raise APIError(422, f"{where}.required names {missing}, which are not in properties", f"{where}.required")
+    extra = parameters.get("additionalProperties", False)
+    if not isinstance(extra, bool):
+        raise APIError(422, f"{where}.additionalProperties must be true or false, got {extra!r}",
+                       f"{where}.additionalProperties")
+
+
 def check_tools(tools: list[Any] | None, tool_choice: Any) -> dict[str, dict[str, Any] | None]:
     """Name -> parameters of each tool, after the seed's rules; raises a 400-worthy APIError."""
     by_name: dict[str, dict[str, Any] | None] = {}
     for i, tool in enumerate(tools or []):
         f = tool.function
-        if f.parameters is not None and f.parameters.get("type") != "object":
-            raise APIError(422, f"tools[{i}].function.parameters.type must be 'object', got "
-                                f"{f.parameters.get('type')!r}", f"tools[{i}].function.parameters.type")
+        if f.parameters is not None:
+            _check_parameters(f.parameters, f"tools[{i}].function.parameters")
         if f.name in by_name:
             raise APIError(422, f"tools[{i}].function.name {f.name!r} is defined twice", f"tools[{i}].function.name")
         by_name[f.name] = f.parameters

@@ -119,22 +119,27 @@ async def _text(ctx: Serving, request: Request, body: bytes, stream: bool) -> Re
             event: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
                                      "text_output": result.stream_text(out, ctx.settings.full_text)}
             if p.details:
-                details: dict[str, Any] = {"batch_size": out.batch_size,
-                                           "queue_wait_time": round(out.queue_wait_s * 1e6)}
+                # Seed 003's event: details with the running token count and this step's batch size
+                # and queue wait (us), then prefillTime on the first event, decodeTime on later ones.
+                details: dict[str, Any] = {"generated_tokens": out.num_output_tokens, "first_token_cost": None,
+                                           "decode_cost": None, "batch_size": _last(out.batch_sizes),
+                                           "queue_wait_time": _last([round(w * 1e6) for w in out.queue_waits_s])}
                 if out.finish_reason is not None:
-                    details = {"finish_reason": MINDIE_REASONS[out.finish_reason],
-                               "generated_tokens": out.num_output_tokens, **details}
+                    details = {"finish_reason": MINDIE_REASONS[out.finish_reason], **details}
                 event["details"] = details
-                if item.prefill_ms is not None:
-                    event["prefill_time"] = round(item.prefill_ms, 2)
-                elif item.decode_ms is not None:
-                    event["decode_time"] = round(item.decode_ms, 2)
+                event["prefillTime"] = round(item.prefill_ms, 2) if item.prefill_ms is not None else None
+                event["decodeTime"] = round(item.decode_ms, 2) if item.decode_ms is not None else None
             elif out.finish_reason is not None:
                 event["details"] = {"finish_reason": MINDIE_REASONS[out.finish_reason],
                                     "generated_tokens": out.num_output_tokens}
             yield sse(event, space=False)
 
     return stream_response(out_stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE), space=False))
+
+
+def _last(values: list[int]) -> int | None:
+    """A stream event's per-step value: that of its one token (None for an event without one)."""
+    return values[-1] if values else None
 
 
 async def generate(ctx: Serving, request: Request, body: bytes) -> Response:

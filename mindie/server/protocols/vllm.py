@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from mindie.engine.request import MAX_STOP_TOKEN_IDS, SamplingParams
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, SEED_MAX, Body, number, parse
+from mindie.server.fields import INT32_MAX, Body, Seed, number, parse
 from mindie.server.protocols.common import ContentPart, dumps, join_parts, json_response, stream_response
 from mindie.server.protocols.native import stop_tuple
 from mindie.server.protocols.tgi import StopList, StopString
@@ -21,7 +21,6 @@ Penalty = number(-2, 2)
 Temperature = number(0, None)
 TopP = number(1e-6, 1, lo_open=True)
 TopK = number(0, INT32_MAX, lo_open=True, integer=True, also=(-1,))
-Seed = number(0, SEED_MAX, integer=True)
 Samples = number(1, 128, integer=True)
 TokenId = number(0, INT32_MAX, integer=True)
 StopTokenIds = Field(None, max_length=MAX_STOP_TOKEN_IDS)
@@ -39,7 +38,7 @@ class SamplingFields(Body):
     top_k: TopK = -1
     seed: Seed | None = None
     stop: StopString | StopList | None = None
-    stop_token_ids: list[TokenId] | None = StopTokenIds
+    stop_token_ids: list[int] | None = StopTokenIds  # ids outside [0, vocab) are ignored, as MindIE
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
@@ -52,15 +51,23 @@ class SamplingFields(Body):
     def sampling_params(self, ctx: Serving, logprobs: int | None = None, max_tokens: int | None = None,
                         stream: bool = False) -> SamplingParams:
         ctx.check_samples(self.n, self.best_of)
-        if self.best_of is not None and self.best_of < self.n:
-            raise APIError(422, f"best_of must be in [n={self.n}, 128], got {self.best_of}", "best_of")
-        if stream and self.best_of not in (None, self.n) and not self.use_beam_search:
-            raise APIError(422, f"best_of must equal n={self.n} when streaming, got {self.best_of}", "best_of")
-        if self.n > 1 and self.temperature == 0 and not self.use_beam_search:
-            raise APIError(422, f"temperature must be > 0 when n > 1 (n={self.n}); greedy samples would be identical",
-                           "temperature")
+        best_of = self.best_of
+        if self.use_beam_search:
+            # seed 002: best_of is not validated with beam search; the width is at least n
+            best_of = None if best_of is None else max(best_of, self.n)
+        else:
+            if best_of is not None and best_of < self.n:
+                raise APIError(422, f"best_of must be in [n={self.n}, 128], got {best_of}", "best_of")
+            if stream and best_of not in (None, self.n):
+                raise APIError(422, f"best_of must equal n={self.n} when streaming, got {best_of}", "best_of")
+            for name, value in (("n", self.n), ("best_of", best_of)):
+                if value is not None and value > 1 and self.temperature == 0:
+                    raise APIError(422, f"temperature must be > 0 when {name} > 1 ({name}={value}); greedy "
+                                        "samples would be identical", "temperature")
+        # temperature 0 is greedy: the argmax of the raw logits, no other post-processing
+        greedy = self.temperature == 0 and not self.use_beam_search
         vocab = ctx.model_config.vocab_size
-        stop_ids = tuple(dict.fromkeys(t for t in (self.stop_token_ids or ()) if t < vocab))  # as MindIE
+        stop_ids = tuple(dict.fromkeys(t for t in (self.stop_token_ids or ()) if 0 <= t < vocab))
         extra: dict[str, Any] = {}
         if self.use_beam_search:
             extra = {"use_beam_search": True, "length_penalty": self.length_penalty,
@@ -69,11 +76,11 @@ class SamplingFields(Body):
             return SamplingParams(
                 max_tokens=max_tokens or self.max_tokens,
                 temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                repetition_penalty=self.repetition_penalty,
-                presence_penalty=self.presence_penalty,
-                frequency_penalty=self.frequency_penalty,
+                top_k=0 if greedy else self.top_k,
+                top_p=1.0 if greedy else self.top_p,
+                repetition_penalty=1.0 if greedy else self.repetition_penalty,
+                presence_penalty=0.0 if greedy else self.presence_penalty,
+                frequency_penalty=0.0 if greedy else self.frequency_penalty,
                 seed=self.seed,
                 stop=stop_tuple(self.stop),
                 stop_token_ids=stop_ids,
@@ -82,7 +89,7 @@ class SamplingFields(Body):
                 skip_special_tokens=self.skip_special_tokens,
                 logprobs=logprobs,
                 n=self.n,
-                best_of=self.best_of,
+                best_of=best_of,
                 **extra,
             )
         except (ValueError, TypeError) as exc:
