@@ -13,7 +13,7 @@ from helpers.server import RunningServer, local_settings
 
 from mindie.server.config import TLSSettings
 
-LONG = {"prompt": "hello", "max_tokens": 4000, "ignore_eos": True, "temperature": 0}  # vLLM /generate: seconds
+LONG = {"prompt": "hello", "max_tokens": 8000, "ignore_eos": True, "temperature": 0}  # vLLM /generate: seconds
 
 
 def wait_idle(server, timeout=10.0):
@@ -44,7 +44,7 @@ def slow_server(long_tiny_dir):
     """One request at a time and ignore_eos-long outputs, so requests can be caught mid-flight."""
     s = local_settings(str(long_tiny_dir), dtype="float32", model_name="tiny")
     server = RunningServer(replace(s, engine=replace(s.engine, max_batch_size=1, max_prefill_batch_size=1,
-                                                     num_kv_blocks=600, max_seq_len=8192, max_iter_times=4000)))
+                                                     num_kv_blocks=600, max_seq_len=8192, max_iter_times=8000)))
     yield server
     server.close()
 
