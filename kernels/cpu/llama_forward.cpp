@@ -76,9 +76,11 @@ void LlamaForward::project(const float* x, int64_t m, int64_t k, std::initialize
         for (int64_t i = 0; i < t.w->rows; ++i) t.out[r * t.out_stride + i] += t.bias[i];
   }
   if (q.num_targets == 0) return;
-  q.xq = sized(xq_, 2 * m * k);
-  q.xd = sized(xd_, m * k / 32);
-  quantize_activations({x, m, k, k, sized(xq_, 2 * m * k), sized(xd_, m * k / 32)});
+  int8_t* xq = sized(xq_, 2 * m * k);
+  float* xd = sized(xd_, m * k / 32);
+  quantize_activations({x, m, k, k, xq, xd});
+  q.xq = xq;
+  q.xd = xd;
   qmatmul(q);
 }
 

@@ -11,10 +11,6 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-inline float half(const uint8_t* p) { return half_to_float(p); }
-
-// 16 bytes of nibbles: low halves are values 0..15, high halves 16..31 (ggml's order).
-inline void nibbles(const uint8_t* qs, int8_t* q, int bias) { unpack_nibbles(qs, q, bias); }
 
 // Nibbles plus a fifth bit from the 32-bit mask qh (bit i for value i).
 inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q, int bias) {
@@ -27,31 +23,31 @@ inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q, int 
 }
 
 void stage_q4_0(const uint8_t* b, int8_t* q, float* s, float* o) {
-  s[0] = s[1] = half(b);
+  s[0] = s[1] = half_to_float(b);
   o[0] = 0.f;
-  nibbles(b + 2, q, 8);
+  unpack_nibbles(b + 2, q, 8);
 }
 
 void stage_q4_1(const uint8_t* b, int8_t* q, float* s, float* o) {
-  s[0] = s[1] = half(b);
-  o[0] = half(b + 2);
-  nibbles(b + 4, q, 0);
+  s[0] = s[1] = half_to_float(b);
+  o[0] = half_to_float(b + 2);
+  unpack_nibbles(b + 4, q, 0);
 }
 
 void stage_q5_0(const uint8_t* b, int8_t* q, float* s, float* o) {
-  s[0] = s[1] = half(b);
+  s[0] = s[1] = half_to_float(b);
   o[0] = 0.f;
   nibbles5(b + 6, b + 2, q, 16);
 }
 
 void stage_q5_1(const uint8_t* b, int8_t* q, float* s, float* o) {
-  s[0] = s[1] = half(b);
-  o[0] = half(b + 2);
+  s[0] = s[1] = half_to_float(b);
+  o[0] = half_to_float(b + 2);
   nibbles5(b + 8, b + 4, q, 0);
 }
 
 void stage_q8_0(const uint8_t* b, int8_t* q, float* s, float* o) {
-  s[0] = s[1] = half(b);
+  s[0] = s[1] = half_to_float(b);
   o[0] = 0.f;
   std::memcpy(q, b + 2, 32);
 }
@@ -68,28 +64,14 @@ inline void scale_min_k4(int j, const uint8_t* sc, int* scale, int* min) {
 }
 
 // Q4_K: d, dmin, 12 bytes of packed scales/mins, 128 bytes of nibbles; each 64 values are one
-// 32-byte run whose low nibbles are sub-block 2i and high nibbles sub-block 2i + 1.
-void stage_q4_k(const uint8_t* b, int8_t* q, float* s, float* o) {
-  const float d = half(b), dmin = half(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qs = b + 16;
-  for (int j = 0; j < 8; ++j) {
-    int sc, m;
-    scale_min_k4(j, scales, &sc, &m);
-    s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
-    o[j] = -(dmin * static_cast<float>(m));
-    const uint8_t* run = qs + 32 * (j / 2);
-    const int shift = (j % 2) * 4;
-    for (int i = 0; i < 32; ++i) q[32 * j + i] = static_cast<int8_t>((run[i] >> shift) & 0x0F);
-  }
-}
-
-// Q5_K: as Q4_K, plus 32 bytes qh whose bit j holds the fifth bit of sub-block j's value i.
-void stage_q5_k(const uint8_t* b, int8_t* q, float* s, float* o) {
-  const float d = half(b), dmin = half(b + 2);
+// 32-byte run whose low nibbles are sub-block 2i and high nibbles sub-block 2i + 1. Q5_K: the same,
+// with 32 bytes qh before the nibbles whose bit j holds the fifth bit of sub-block j's value i.
+template <bool FifthBit>
+void stage_k(const uint8_t* b, int8_t* q, float* s, float* o) {
+  const float d = half_to_float(b), dmin = half_to_float(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
-  const uint8_t* qs = b + 48;
+  const uint8_t* qs = b + (FifthBit ? 48 : 16);
   for (int j = 0; j < 8; ++j) {
     int sc, m;
     scale_min_k4(j, scales, &sc, &m);
@@ -97,8 +79,11 @@ void stage_q5_k(const uint8_t* b, int8_t* q, float* s, float* o) {
     o[j] = -(dmin * static_cast<float>(m));
     const uint8_t* run = qs + 32 * (j / 2);
     const int shift = (j % 2) * 4;
-    for (int i = 0; i < 32; ++i)
-      q[32 * j + i] = static_cast<int8_t>(((run[i] >> shift) & 0x0F) | (((qh[i] >> j) & 1) << 4));
+    for (int i = 0; i < 32; ++i) {
+      int v = (run[i] >> shift) & 0x0F;
+      if constexpr (FifthBit) v |= ((qh[i] >> j) & 1) << 4;
+      q[32 * j + i] = static_cast<int8_t>(v);
+    }
   }
 }
 
@@ -109,7 +94,7 @@ void stage_q6_k(const uint8_t* b, int8_t* q, float* s, float* o) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = half(b + 208);
+  const float d = half_to_float(b + 208);
   for (int i = 0; i < 16; ++i) s[i] = d * static_cast<float>(scales[i]);
   for (int j = 0; j < 8; ++j) o[j] = 0.f;
   for (int h = 0; h < 2; ++h) {
@@ -148,8 +133,8 @@ void stage_rows(const StageArgs& a) {
     case QFormat::kQ5_0: return stage<stage_q5_0, 32, 22>(a);
     case QFormat::kQ5_1: return stage<stage_q5_1, 32, 24>(a);
     case QFormat::kQ8_0: return stage<stage_q8_0, 32, 34>(a);
-    case QFormat::kQ4_K: return stage<stage_q4_k, 256, 144>(a);
-    case QFormat::kQ5_K: return stage<stage_q5_k, 256, 176>(a);
+    case QFormat::kQ4_K: return stage<stage_k<false>, 256, 144>(a);
+    case QFormat::kQ5_K: return stage<stage_k<true>, 256, 176>(a);
     case QFormat::kQ6_K: return stage<stage_q6_k, 256, 210>(a);
   }
 }

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mindie import _C
-
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 # ggml type id -> name, for the formats the C++ matmul reads.
 QUANTIZED_FORMATS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
@@ -42,14 +40,6 @@ class QuantizedWeight:
     def spec(self) -> tuple[int, torch.Tensor, int]:
         """What _C.LlamaForward takes for a matrix."""
         return self.ggml_type, self.data, self.cols
-
-    def dequantize(self) -> torch.Tensor:
-        """float32 [rows, cols]."""
-        if self.ggml_type not in QUANTIZED_FORMATS:
-            return self.data.float()
-        out = torch.empty(self.rows, self.cols, dtype=torch.float32)
-        _C.dequantize(out, self.data, self.ggml_type)
-        return out
 
     def permute_rows(self, order: np.ndarray) -> QuantizedWeight:
         return QuantizedWeight(self.ggml_type, self.data[torch.from_numpy(order)].contiguous(), self.rows, self.cols)

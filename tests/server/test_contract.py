@@ -143,8 +143,9 @@ PERSON = {"type": "object", "properties": {
 def test_structured_output_always_parses_within_max_tokens(smol_server):
     """A random model rambles: whatever it samples, the output closes in time and validates;
     a budget that forced the ending says "length"."""
-    import jsonschema
     from concurrent.futures import ThreadPoolExecutor
+
+    import jsonschema
 
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -432,7 +432,7 @@ async def chat(ctx: Serving, request: Request, body: bytes) -> Response:
             out = item.output
             final = out.finish_reason is not None
             lps = chat_logprobs(ctx, out.new_logprobs) if req.logprobs else None
-            for k, delta in enumerate(deltas(out.index, out.new_text, final)):
+            for delta in deltas(out.index, out.new_text, final):
                 chunk = {**head, "choices": [{"index": out.index, "delta": {"role": "assistant", **delta},
                                               "logprobs": lps, "finish_reason": None}]}
                 lps = None  # the step's log-probabilities ride on its first chunk
