@@ -153,7 +153,8 @@ def test_structured_output_always_parses_within_max_tokens(smol_server):
         "required": ["city", "days"]}}}
 
     def one(seed: int) -> None:
-        body = {"model": smol_server.ctx.settings.model_name, "messages": CHAT["messages"], "max_tokens": 48, "temperature": 1.0, "seed": seed}
+        body = {"model": smol_server.ctx.settings.model_name, "messages": CHAT["messages"], "max_tokens": 48,
+                "temperature": 1.0, "seed": seed}
         body |= {"response_format": fmt} if seed % 2 else {"tools": [tool], "tool_choice": "required"}
         choice = post(smol_server, "/v1/chat/completions", body).json()["choices"][0]
         if seed % 2:
@@ -166,5 +167,7 @@ def test_structured_output_always_parses_within_max_tokens(smol_server):
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(100)))
-    too_few = post(smol_server, "/v1/chat/completions", {"model": smol_server.ctx.settings.model_name, "messages": CHAT["messages"], "max_tokens": 3, "response_format": fmt})
+    too_few = post(smol_server, "/v1/chat/completions", {"model": smol_server.ctx.settings.model_name,
+                                                         "messages": CHAT["messages"], "max_tokens": 3,
+                                                         "response_format": fmt})
     assert too_few.status_code == 400 and "needs at least" in too_few.json()["error"]["message"]
