@@ -1,9 +1,12 @@
 // Block-quantized weights (GGUF's formats, kept in their file layout) and the integer matmul over them.
 //
-// Every format is read through one intermediate form, the *staged row*: per weight row, k signed
-// int8 values q, one float scale per 16 values and one float offset per 32 values (zero for formats
-// without one), so that w[i] = scale[i / 16] * q[i] + offset[i / 32] exactly as the gguf package
-// dequantizes. Only staging differs per format; the dot-product kernels see staged rows alone.
+// Every format is read through one intermediate form, the *staged row*: per weight row, k int8
+// values q, one float scale and one float offset per 16 values, so that w[i] = scale[i / 16] * q[i] +
+// offset[i / 16] exactly as the gguf package dequantizes. Every format but Q8_0 stages q unsigned (0
+// to at most 63) with its zero point moved into the offset (Q4_0: q - 8 becomes q and -8 * scale):
+// the unsigned-by-signed byte products (vpdpbusd, vpmaddubsw) then take q as it is, without the sign
+// juggling that signed q costs per product. Only staging differs per format; the dot-product kernels
+// see staged rows alone.
 //
 // Activations are quantized per row in blocks of 32 to two int8 planes, x ~= d * (128 * hi + lo): hi
 // as llama.cpp's Q8 activations (127 steps of the block's largest magnitude), lo the rounding error of
@@ -27,7 +30,7 @@ enum class QFormat : int {
 struct QFormatInfo {
   int block_elems;  // values per block (32, or 256 for the K formats)
   int block_bytes;
-  bool has_offset;  // w = scale * q + offset with a nonzero offset
+  bool signed_q;    // staged q is signed and the offset zero (Q8_0); else 0 <= q < 64
 };
 
 // Throws std::invalid_argument for a type id that is not one of QFormat.
@@ -41,14 +44,14 @@ struct QMatrix {
 };
 
 // Staged rows [first_row, first_row + num_rows) of a matrix; arrays are [num_rows, cols],
-// [num_rows, cols / 16] and [num_rows, cols / 32], rows back to back.
+// [num_rows, cols / 16] and [num_rows, cols / 16], rows back to back.
 struct StageArgs {
   QMatrix w;
   int64_t first_row;
   int64_t num_rows;
   int8_t* q;
   float* scale;   // per 16 values
-  float* offset;  // per 32 values
+  float* offset;  // per 16 values
 };
 
 // out[r, i] = scale * q + offset of rows [first_row, first_row + num_rows), float32.

@@ -1,7 +1,9 @@
 // Integer matmul over block-quantized weights (see quant.h). Work is split over the threads as
-// contiguous ranges of 4-row weight tiles; each tile is staged once into L1 and applied to every
-// activation row, up to 4 at a time. The result of an output element depends only on its weight row
-// and activation row: the tile shape and thread split decide where it is computed, never how.
+// contiguous ranges of 4-row weight tiles. With many activation rows each tile is staged once into L1
+// and applied to every activation row, 2 at a time; with few (decode), staging would cost more than
+// the dot products, so formats that Int8Dot decodes in registers are read straight from their blocks.
+// Both give the same weight registers, and the result of an output element depends only on its weight
+// row and activation row: the path, tile shape and thread split decide where it is computed, never how.
 #include <algorithm>
 #include <vector>
 
@@ -18,6 +20,9 @@ constexpr int kTileRows = 4;
 // 4 x 2 accumulators and two activation steps stay in the 32 vector registers of AVX-512; a 4 x 4
 // tile spills them to the stack.
 constexpr int kTileCols = 2;
+// Up to this many activation rows, decoding the blocks once per 2 rows beats staging them once.
+constexpr int64_t kDecodeMaxRows = 4;
+constexpr int64_t kPrefetchTiles = 2;
 
 struct Staged {
   std::vector<int8_t> q;
@@ -25,13 +30,38 @@ struct Staged {
   void resize(int64_t k) {
     q.resize(kTileRows * k);
     scale.resize(kTileRows * k / 16);
-    offset.resize(kTileRows * k / 32);
+    offset.resize(kTileRows * k / 16);
+  }
+};
+
+// Weight registers of a tile's row r for the step at value i, from the staged tile...
+template <class D, bool Signed>
+struct StagedRows {
+  const Staged& w;
+  int64_t k;
+  typename D::W load(int r, int64_t i, int n) const {
+    return D::template load_w<Signed>(w.q.data() + r * k + i, w.scale.data() + r * (k / 16) + i / 16,
+                                      w.offset.data() + r * (k / 16) + i / 16, n);
+  }
+};
+
+// ...or decoded from the matrix's own blocks.
+template <class D, QFormat F>
+struct RawRows {
+  const QMatrix& w;
+  int64_t row0;
+  typename D::W load(int r, int64_t i, int n) const {
+    const uint8_t* row = w.data + (row0 + r) * w.row_bytes;
+    // The same bytes kPrefetchTiles tiles on: four rows read side by side are four streams that the
+    // hardware prefetcher picks up late, at every matrix start and again and again in small ones.
+    __builtin_prefetch(row + kPrefetchTiles * kTileRows * w.row_bytes + i * w.row_bytes / w.cols);
+    return D::template decode_w<F>(row, i, n);
   }
 };
 
 // Output rows [row0, row0 + rows) of target t for activation rows [c0, c0 + C).
-template <class D, int C, bool HasOffset>
-void tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows, int64_t c0) {
+template <class D, int C, bool Signed, class Rows>
+void tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows, int64_t c0) {
   const int64_t k = a.k;
   typename D::Acc acc[kTileRows][C];
   for (int r = 0; r < kTileRows; ++r)
@@ -41,11 +71,11 @@ void tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t
     typename D::X x[C];
     for (int c = 0; c < C; ++c)
       x[c] = D::load_x(a.xq + (c0 + c) * 2 * k + i, a.xq + (c0 + c) * 2 * k + k + i, a.xd + (c0 + c) * (k / 32) + i / 32,
-                       HasOffset, n);
+                       !Signed, n);
     for (int r = 0; r < kTileRows; ++r) {
-      const typename D::W wv =
-          D::load_w(w.q.data() + r * k + i, w.scale.data() + r * (k / 16) + i / 16, w.offset.data() + r * (k / 32) + i / 32, n);
-      for (int c = 0; c < C; ++c) D::template accumulate<HasOffset>(acc[r][c], wv, x[c]);
+      if (r >= rows) break;  // the matrix's last tile
+      const typename D::W wv = w.load(r, i, n);
+      for (int c = 0; c < C; ++c) D::template accumulate<Signed>(acc[r][c], wv, x[c]);
     }
   }
   for (int c = 0; c < C; ++c) {
@@ -54,21 +84,34 @@ void tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t
   }
 }
 
-template <class D, bool HasOffset>
-void apply_tile(const Staged& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
+template <class D, bool Signed, class Rows>
+void apply_tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
   int64_t c0 = 0;
-  for (; c0 + kTileCols <= a.m; c0 += kTileCols) tile<D, kTileCols, HasOffset>(w, a, t, row0, rows, c0);
-  if (c0 < a.m) tile<D, 1, HasOffset>(w, a, t, row0, rows, c0);
+  for (; c0 + kTileCols <= a.m; c0 += kTileCols) tile<D, kTileCols, Signed>(w, a, t, row0, rows, c0);
+  if (c0 < a.m) tile<D, 1, Signed>(w, a, t, row0, rows, c0);
+}
+
+template <class D>
+void apply_raw_tile(const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
+  if constexpr (D::decodes(QFormat::kQ4_0)) {
+    switch (t.w.format) {
+      case QFormat::kQ4_0: return apply_tile<D, false>(RawRows<D, QFormat::kQ4_0>{t.w, row0}, a, t, row0, rows);
+      case QFormat::kQ4_1: return apply_tile<D, false>(RawRows<D, QFormat::kQ4_1>{t.w, row0}, a, t, row0, rows);
+      case QFormat::kQ8_0: return apply_tile<D, true>(RawRows<D, QFormat::kQ8_0>{t.w, row0}, a, t, row0, rows);
+      default: break;
+    }
+  }
 }
 
 template <class D>
 void run(const QMatmulArgs& a) {
   // Tiles of every target, back to back: target j owns tiles [first[j], first[j + 1]).
   int64_t first[kMaxQMatmulTargets + 1] = {0};
-  bool has_offset[kMaxQMatmulTargets] = {};
+  bool signed_q[kMaxQMatmulTargets] = {}, raw[kMaxQMatmulTargets] = {};
   for (int j = 0; j < a.num_targets; ++j) {
     first[j + 1] = first[j] + (a.targets[j].w.rows + kTileRows - 1) / kTileRows;
-    has_offset[j] = qformat_info(static_cast<int>(a.targets[j].w.format)).has_offset;
+    signed_q[j] = qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
+    raw[j] = a.m <= kDecodeMaxRows && D::decodes(a.targets[j].w.format);
   }
   const int64_t tiles = first[a.num_targets];
   const int64_t threads = std::min<int64_t>(get_num_threads(), tiles);
@@ -83,14 +126,13 @@ void run(const QMatmulArgs& a) {
         const QMatmulTarget& t = a.targets[j];
         const int64_t row0 = (ti - first[j]) * kTileRows;
         const int rows = static_cast<int>(std::min<int64_t>(kTileRows, t.w.rows - row0));
-        stage_rows({t.w, row0, rows, staged.q.data(), staged.scale.data(), staged.offset.data()});
-        if (rows < kTileRows) {  // the missing rows contribute zeros that are never stored
-          std::fill(staged.q.begin() + rows * a.k, staged.q.end(), 0);
-          std::fill(staged.scale.begin() + rows * a.k / 16, staged.scale.end(), 0.f);
-          std::fill(staged.offset.begin() + rows * a.k / 32, staged.offset.end(), 0.f);
+        if (raw[j]) {
+          apply_raw_tile<D>(a, t, row0, rows);
+          continue;
         }
-        if (has_offset[j]) apply_tile<D, true>(staged, a, t, row0, rows);
-        else apply_tile<D, false>(staged, a, t, row0, rows);
+        stage_rows({t.w, row0, rows, staged.q.data(), staged.scale.data(), staged.offset.data()});
+        if (signed_q[j]) apply_tile<D, true>(StagedRows<D, true>{staged, a.k}, a, t, row0, rows);
+        else apply_tile<D, false>(StagedRows<D, false>{staged, a.k}, a, t, row0, rows);
       }
     }
   });

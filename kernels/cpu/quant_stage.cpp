@@ -11,44 +11,44 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-
 // Nibbles plus a fifth bit from the 32-bit mask qh (bit i for value i).
-inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q, int bias) {
+inline void nibbles5(const uint8_t* qs, const uint8_t* qh_bytes, int8_t* q) {
   uint32_t qh;
   std::memcpy(&qh, qh_bytes, 4);
   for (int i = 0; i < 16; ++i) {
-    q[i] = static_cast<int8_t>(((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4)) - bias);
-    q[i + 16] = static_cast<int8_t>(((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - bias);
+    q[i] = static_cast<int8_t>((qs[i] & 0x0F) | (((qh >> i) & 1u) << 4));
+    q[i + 16] = static_cast<int8_t>((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4));
   }
 }
 
+// The 32-value formats: one scale (and zero point) per block, so both 16-value halves share them.
 void stage_q4_0(const uint8_t* b, int8_t* q, float* s, float* o) {
   s[0] = s[1] = half_to_float(b);
-  o[0] = 0.f;
-  unpack_nibbles(b + 2, q, 8);
+  o[0] = o[1] = -8.f * s[0];
+  unpack_nibbles(b + 2, q);
 }
 
 void stage_q4_1(const uint8_t* b, int8_t* q, float* s, float* o) {
   s[0] = s[1] = half_to_float(b);
-  o[0] = half_to_float(b + 2);
-  unpack_nibbles(b + 4, q, 0);
+  o[0] = o[1] = half_to_float(b + 2);
+  unpack_nibbles(b + 4, q);
 }
 
 void stage_q5_0(const uint8_t* b, int8_t* q, float* s, float* o) {
   s[0] = s[1] = half_to_float(b);
-  o[0] = 0.f;
-  nibbles5(b + 6, b + 2, q, 16);
+  o[0] = o[1] = -16.f * s[0];
+  nibbles5(b + 6, b + 2, q);
 }
 
 void stage_q5_1(const uint8_t* b, int8_t* q, float* s, float* o) {
   s[0] = s[1] = half_to_float(b);
-  o[0] = half_to_float(b + 2);
-  nibbles5(b + 8, b + 4, q, 0);
+  o[0] = o[1] = half_to_float(b + 2);
+  nibbles5(b + 8, b + 4, q);
 }
 
 void stage_q8_0(const uint8_t* b, int8_t* q, float* s, float* o) {
   s[0] = s[1] = half_to_float(b);
-  o[0] = 0.f;
+  o[0] = o[1] = 0.f;
   std::memcpy(q, b + 2, 32);
 }
 
@@ -76,7 +76,7 @@ void stage_k(const uint8_t* b, int8_t* q, float* s, float* o) {
     int sc, m;
     scale_min_k4(j, scales, &sc, &m);
     s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
-    o[j] = -(dmin * static_cast<float>(m));
+    o[2 * j] = o[2 * j + 1] = -(dmin * static_cast<float>(m));
     const uint8_t* run = qs + 32 * (j / 2);
     const int shift = (j % 2) * 4;
     for (int i = 0; i < 32; ++i) {
@@ -95,17 +95,19 @@ void stage_q6_k(const uint8_t* b, int8_t* q, float* s, float* o) {
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
   const float d = half_to_float(b + 208);
-  for (int i = 0; i < 16; ++i) s[i] = d * static_cast<float>(scales[i]);
-  for (int j = 0; j < 8; ++j) o[j] = 0.f;
+  for (int i = 0; i < 16; ++i) {
+    s[i] = d * static_cast<float>(scales[i]);
+    o[i] = -32.f * s[i];  // exact: s has at most 18 significant bits, and so has s * (q - 32)
+  }
   for (int h = 0; h < 2; ++h) {
     const uint8_t* l4 = ql + 64 * h;
     const uint8_t* h2 = qh + 32 * h;
     int8_t* out = q + 128 * h;
     for (int l = 0; l < 32; ++l) {
-      out[l] = static_cast<int8_t>(((l4[l] & 0x0F) | ((h2[l] & 3) << 4)) - 32);
-      out[l + 32] = static_cast<int8_t>(((l4[l + 32] & 0x0F) | (((h2[l] >> 2) & 3) << 4)) - 32);
-      out[l + 64] = static_cast<int8_t>(((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32);
-      out[l + 96] = static_cast<int8_t>(((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32);
+      out[l] = static_cast<int8_t>((l4[l] & 0x0F) | ((h2[l] & 3) << 4));
+      out[l + 32] = static_cast<int8_t>((l4[l + 32] & 0x0F) | (((h2[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<int8_t>((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<int8_t>((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4));
     }
   }
 }
@@ -118,9 +120,9 @@ void stage(const StageArgs& a) {
     const uint8_t* row = a.w.data + (a.first_row + r) * a.w.row_bytes;
     int8_t* q = a.q + r * k;
     float* s = a.scale + r * (k / 16);
-    float* o = a.offset + r * (k / 32);
+    float* o = a.offset + r * (k / 16);
     for (int64_t b = 0; b < blocks; ++b)
-      Fn(row + b * BlockBytes, q + b * BlockElems, s + b * (BlockElems / 16), o + b * (BlockElems / 32));
+      Fn(row + b * BlockBytes, q + b * BlockElems, s + b * (BlockElems / 16), o + b * (BlockElems / 16));
   }
 }
 
@@ -143,14 +145,14 @@ void dequantize_rows(const DequantizeArgs& a) {
   const int64_t k = a.w.cols;
   parallel_for(a.num_rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<int8_t> q(k);
-    std::vector<float> s(k / 16), o(k / 32);
+    std::vector<float> s(k / 16), o(k / 16);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t row = a.row_ids != nullptr ? a.row_ids[r] : a.first_row + r;
       stage_rows({a.w, row, 1, q.data(), s.data(), o.data()});
       float* out = a.out + r * a.out_stride;
       for (int64_t i = 0; i < k; ++i) {
         const float scaled = s[i / 16] * static_cast<float>(q[i]);
-        out[i] = scaled + o[i / 32];
+        out[i] = scaled + o[i / 16];
       }
     }
   });

@@ -2,21 +2,52 @@
 // only other file with intrinsics besides vec.h. Activations come as two int8 planes, x = d * (128 *
 // hi + lo) (see quantize_block32), so an int32 lane dot is 128 * dot(w, hi) + dot(w, lo), exact.
 // A *step* covers kValues weights of one staged row (see quant.h) against the same kValues
-// activations; accumulate() adds
+// activations; accumulate<Signed>() adds
 //   sum over 4-value lanes of  float(int32 lane dot) * (weight scale * activation scale)
-//   + weight offset * activation lane sum
+//   + weight offset * activation lane sum        (unsigned q only; signed q has no offset)
 // into a float accumulator, always with the same operations in the same order, so that an output
-// element is reduced identically wherever it is computed.
+// element is reduced identically wherever it is computed. Unsigned q goes straight into the
+// unsigned operand of the byte products; signed q (Q8_0) goes in as |q| with its sign moved onto
+// the activations.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/quant.h"
 #include "cpu/vec.h"
 
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
+
+// Block decoding helpers (quant_stage.cpp and Int8Dot::decode_w): 16 bytes of nibbles to 32 int8 values (low nibbles first);
+// and a GGUF half-precision scale.
+#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
+inline void unpack_nibbles(const uint8_t* qs, int8_t* q) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_and_si128(v, mask));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+}
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+#else
+inline void unpack_nibbles(const uint8_t* qs, int8_t* q) {
+  for (int i = 0; i < 16; ++i) {
+    q[i] = static_cast<int8_t>(qs[i] & 0x0F);
+    q[i + 16] = static_cast<int8_t>(qs[i] >> 4);
+  }
+}
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_float(h);
+}
+#endif
 
 #if defined(MINDIE_ISA_AVX512)
 
@@ -26,7 +57,7 @@ template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 64;
   struct Acc { __m512 v; };
-  struct W { __m512i absq; __mmask64 neg; __m512 scale, offset; };
+  struct W { __m512i q; __mmask64 neg; __m512 scale, offset; };
   struct X { __m512i hi, lo; __m512 d, sum; };
 
   static __mmask64 value_mask(int n) { return n >= 64 ? ~0ULL : (1ULL << n) - 1ULL; }
@@ -35,14 +66,16 @@ struct Int8Dot {
     else return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
   }
   static Acc zero() { return {_mm512_setzero_ps()}; }
-  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int n) {
-    const __m512i qv = _mm512_maskz_loadu_epi8(value_mask(n), q);
-    const __mmask16 groups = n >= 64 ? 0xF : 0x3, blocks = n >= 64 ? 0x3 : 0x1;
+  // The per-16 scales (and offsets) of the step, one per 4-value lane.
+  static __m512 per_lane16(const float* v, int n) {
     const __m512i by4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i by8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv),
-            _mm512_permutexvar_ps(by4, _mm512_maskz_loadu_ps(groups, scale16)),
-            _mm512_permutexvar_ps(by8, _mm512_maskz_loadu_ps(blocks, offset32))};
+    return _mm512_permutexvar_ps(by4, _mm512_maskz_loadu_ps(n >= 64 ? 0xF : 0x3, v));
+  }
+  template <bool Signed>
+  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int n) {
+    const __m512i qv = _mm512_maskz_loadu_epi8(value_mask(n), q);
+    if constexpr (Signed) return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv), per_lane16(scale16, n), _mm512_setzero_ps()};
+    else return {qv, 0, per_lane16(scale16, n), per_lane16(offset16, n)};
   }
   // 128 * dot(u, hi) + dot(u, lo), exact in int32.
   static __m512i dot2(__m512i u, __m512i hi, __m512i lo) {
@@ -58,15 +91,56 @@ struct Int8Dot {
     if (with_sum) sum = _mm512_mul_ps(_mm512_cvtepi32_ps(dot2(_mm512_set1_epi8(1), h, l)), d);
     return {h, l, d, sum};
   }
-  template <bool HasOffset>
+  template <bool Signed>
   static void accumulate(Acc& acc, const W& w, const X& x) {
-    const __m512i zero = _mm512_setzero_si512();
-    const __m512i hi = _mm512_mask_sub_epi8(x.hi, w.neg, zero, x.hi), lo = _mm512_mask_sub_epi8(x.lo, w.neg, zero, x.lo);
-    const __m512 f = _mm512_cvtepi32_ps(dot2(w.absq, hi, lo));
+    __m512i hi = x.hi, lo = x.lo;
+    if constexpr (Signed) {
+      const __m512i zero = _mm512_setzero_si512();
+      hi = _mm512_mask_sub_epi8(hi, w.neg, zero, hi);
+      lo = _mm512_mask_sub_epi8(lo, w.neg, zero, lo);
+    }
+    const __m512 f = _mm512_cvtepi32_ps(dot2(w.q, hi, lo));
     acc.v = _mm512_fmadd_ps(f, _mm512_mul_ps(w.scale, x.d), acc.v);
-    if constexpr (HasOffset) acc.v = _mm512_fmadd_ps(w.offset, x.sum, acc.v);
+    if constexpr (!Signed) acc.v = _mm512_fmadd_ps(w.offset, x.sum, acc.v);
   }
   static float reduce(const Acc& acc) { return _mm512_reduce_add_ps(acc.v); }
+
+  // A step of raw GGUF blocks decoded straight into registers (quant_matmul.cpp's GEMV path): the
+  // same W, lane for lane and bit for bit, as staging the blocks and load_w.
+  static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
+  template <QFormat F>
+  static W decode_w(const uint8_t* row, int64_t i, int n) {
+    constexpr int kBytes = F == QFormat::kQ4_0 ? 18 : F == QFormat::kQ4_1 ? 20 : 34;
+    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;  // d (and Q4_1's min) as halves
+    const uint8_t* b0 = row + (i / 32) * kBytes;
+    const uint8_t* b1 = b0 + kBytes;
+    const bool two = n > 32;
+    uint32_t h0 = 0, h1 = 0;
+    std::memcpy(&h0, b0, kHeader);
+    if (two) std::memcpy(&h1, b1, kHeader);
+    const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi32(static_cast<int>(h0), static_cast<int>(h1), 0, 0)));
+    const __m512 scale = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), dm);
+    if constexpr (F == QFormat::kQ8_0) {
+      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
+      const __m256i q1 = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)) : _mm256_setzero_si256();
+      const __m512i qv = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+      return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv), scale, _mm512_setzero_ps()};
+    } else {
+      const __m128i n0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kHeader));
+      const __m128i n1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + kHeader)) : _mm_setzero_si128();
+      const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(n0), n1, 1);
+      // [n0, n1, n0 >> 4, n1 >> 4] reordered to value order [n0 & 15, n0 >> 4, n1 & 15, n1 >> 4]
+      const __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1),
+                                         _mm512_set1_epi8(0x0F));
+      const __m512i qv = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
+      __m512 offset;
+      if constexpr (F == QFormat::kQ4_1)
+        offset = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3), dm);
+      else  // -8 * d; the lanes of a missing block stay +0 as staging leaves them
+        offset = _mm512_maskz_mul_ps(two ? 0xFFFF : 0x00FF, scale, _mm512_set1_ps(-8.f));
+      return {qv, 0, scale, offset};
+    }
+  }
 };
 
 // One block of 32 floats as x ~= d * (128 * hi + lo): hi rounds x to 127 steps of its largest
@@ -94,7 +168,7 @@ template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 32;
   struct Acc { __m256 v; };
-  struct W { __m256i q, absq; __m256 scale, offset; };
+  struct W { __m256i q, sign; __m256 scale, offset; };
   struct X { __m256i hi, lo; __m256 d, sum; };
 
   static __m256i dot(__m256i u, __m256i s) {
@@ -104,10 +178,12 @@ struct Int8Dot {
     return _mm256_add_epi32(_mm256_slli_epi32(dot(u, hi), 7), dot(u, lo));
   }
   static Acc zero() { return {_mm256_setzero_ps()}; }
-  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int) {
+  static __m256 per_lane16(const float* v) { return _mm256_set_m128(_mm_set1_ps(v[1]), _mm_set1_ps(v[0])); }
+  template <bool Signed>
+  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int) {
     const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    return {qv, _mm256_abs_epi8(qv), _mm256_set_m128(_mm_set1_ps(scale16[1]), _mm_set1_ps(scale16[0])),
-            _mm256_set1_ps(offset32[0])};
+    if constexpr (Signed) return {_mm256_abs_epi8(qv), qv, per_lane16(scale16), _mm256_setzero_ps()};
+    else return {qv, qv, per_lane16(scale16), per_lane16(offset16)};
   }
   static X load_x(const int8_t* hi, const int8_t* lo, const float* d32, bool with_sum, int) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
@@ -117,13 +193,37 @@ struct Int8Dot {
     if (with_sum) sum = _mm256_mul_ps(_mm256_cvtepi32_ps(dot2(_mm256_set1_epi8(1), h, l)), d);
     return {h, l, d, sum};
   }
-  template <bool HasOffset>
+  template <bool Signed>
   static void accumulate(Acc& acc, const W& w, const X& x) {
-    const __m256 f = _mm256_cvtepi32_ps(dot2(w.absq, _mm256_sign_epi8(x.hi, w.q), _mm256_sign_epi8(x.lo, w.q)));
+    __m256i hi = x.hi, lo = x.lo;
+    if constexpr (Signed) {
+      hi = _mm256_sign_epi8(hi, w.sign);
+      lo = _mm256_sign_epi8(lo, w.sign);
+    }
+    const __m256 f = _mm256_cvtepi32_ps(dot2(w.q, hi, lo));
     acc.v = _mm256_fmadd_ps(f, _mm256_mul_ps(w.scale, x.d), acc.v);
-    if constexpr (HasOffset) acc.v = _mm256_fmadd_ps(w.offset, x.sum, acc.v);
+    if constexpr (!Signed) acc.v = _mm256_fmadd_ps(w.offset, x.sum, acc.v);
   }
   static float reduce(const Acc& acc) { return VecF(acc.v).reduce_add(); }
+
+  // See the AVX-512 variant: one block per step here.
+  static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
+  template <QFormat F>
+  static W decode_w(const uint8_t* row, int64_t i, int) {
+    constexpr int kBytes = F == QFormat::kQ4_0 ? 18 : F == QFormat::kQ4_1 ? 20 : 34;
+    const uint8_t* b = row + (i / 32) * kBytes;
+    const __m256 d = _mm256_set1_ps(half_to_float(b));
+    if constexpr (F == QFormat::kQ8_0) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+      return {_mm256_abs_epi8(qv), qv, d, _mm256_setzero_ps()};
+    } else {
+      constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
+      const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
+      const __m256i qv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0F));
+      const __m256 offset = F == QFormat::kQ4_1 ? _mm256_set1_ps(half_to_float(b + 2)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+      return {qv, qv, d, offset};
+    }
+  }
 };
 
 inline void store_int8x32(int8_t* dst, const __m256i* w) {
@@ -160,29 +260,38 @@ template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 32;
   struct Acc { float v; };
-  struct W { const int8_t* q; float scale[2]; float offset; };
-  struct X { const int8_t* hi; const int8_t* lo; float d, sum; };
+  struct W { const int8_t* q; float scale[2], offset[2]; };
+  struct X { const int8_t* hi; const int8_t* lo; float d, sum[2]; };
 
   static Acc zero() { return {0.f}; }
-  static W load_w(const int8_t* q, const float* scale16, const float* offset32, int) {
-    return {q, {scale16[0], scale16[1]}, offset32[0]};
+  template <bool Signed>
+  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int) {
+    return {q, {scale16[0], scale16[1]}, {offset16[0], offset16[1]}};
   }
   static X load_x(const int8_t* hi, const int8_t* lo, const float* d32, bool with_sum, int) {
-    int32_t s = 0;
+    X x{hi, lo, d32[0], {0.f, 0.f}};
     if (with_sum)
-      for (int i = 0; i < 32; ++i) s += 128 * hi[i] + lo[i];
-    return {hi, lo, d32[0], static_cast<float>(s) * d32[0]};
+      for (int g = 0; g < 2; ++g) {
+        int32_t s = 0;
+        for (int i = 16 * g; i < 16 * g + 16; ++i) s += 128 * hi[i] + lo[i];
+        x.sum[g] = static_cast<float>(s) * x.d;
+      }
+    return x;
   }
-  template <bool HasOffset>
+  template <bool Signed>
   static void accumulate(Acc& acc, const W& w, const X& x) {
     for (int g = 0; g < 2; ++g) {
       int32_t s = 0;
       for (int i = 16 * g; i < 16 * g + 16; ++i) s += static_cast<int32_t>(w.q[i]) * (128 * x.hi[i] + x.lo[i]);
       acc.v += static_cast<float>(s) * (w.scale[g] * x.d);
+      if constexpr (!Signed) acc.v += w.offset[g] * x.sum[g];
     }
-    if constexpr (HasOffset) acc.v += w.offset * x.sum;
   }
   static float reduce(const Acc& acc) { return acc.v; }
+
+  static constexpr bool decodes(QFormat) { return false; }  // scalar rows are always staged
+  template <QFormat F>
+  static W decode_w(const uint8_t*, int64_t, int);
 };
 
 inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
@@ -197,34 +306,6 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
   return step / 128.f;
 }
 
-#endif
-
-// Staging helpers (quant_stage.cpp): 16 bytes of nibbles to 32 int8 values (low nibbles first),
-// minus `bias`; and a GGUF half-precision scale.
-#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
-inline void unpack_nibbles(const uint8_t* qs, int8_t* q, int bias) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0F), b = _mm_set1_epi8(static_cast<char>(bias));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_sub_epi8(_mm_and_si128(v, mask), b));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), mask), b));
-}
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-#else
-inline void unpack_nibbles(const uint8_t* qs, int8_t* q, int bias) {
-  for (int i = 0; i < 16; ++i) {
-    q[i] = static_cast<int8_t>((qs[i] & 0x0F) - bias);
-    q[i + 16] = static_cast<int8_t>((qs[i] >> 4) - bias);
-  }
-}
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_float(h);
-}
 #endif
 
 }  // namespace MINDIE_ISA_NS
