@@ -1,9 +1,10 @@
 // Integer matmul over block-quantized weights (see quant.h). Work is split over the threads as
 // contiguous ranges of 4-row weight tiles. With many activation rows each tile is staged once into L1
-// and applied to every activation row, 2 at a time; with few (decode), staging would cost more than
-// the dot products, so formats that Int8Dot decodes in registers are read straight from their blocks.
-// Both give the same weight registers, and the result of an output element depends only on its weight
-// row and activation row: the path, tile shape and thread split decide where it is computed, never how.
+// and applied to every activation row, Int8Dot::kTileCols at a time; with few (decode), staging would
+// cost more than the dot products, so formats that Int8Dot decodes in registers are read straight
+// from their blocks. Both give the same weight registers, and the result of an output element depends
+// only on its weight row and activation row: the path, tile shape and thread split decide where it is
+// computed, never how.
 #include <algorithm>
 #include <vector>
 
@@ -17,9 +18,6 @@ namespace MINDIE_ISA_NS {
 namespace {
 
 constexpr int kTileRows = 4;
-// 4 x 2 accumulators and two activation steps stay in the 32 vector registers of AVX-512; a 4 x 4
-// tile spills them to the stack.
-constexpr int kTileCols = 2;
 // Up to this many activation rows, decoding the blocks once per 2 rows beats staging them once.
 constexpr int64_t kDecodeMaxRows = 4;
 constexpr int64_t kPrefetchTiles = 2;
@@ -87,8 +85,8 @@ void tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t r
 template <class D, bool Signed, class Rows>
 void apply_tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
   int64_t c0 = 0;
-  for (; c0 + kTileCols <= a.m; c0 += kTileCols) tile<D, kTileCols, Signed>(w, a, t, row0, rows, c0);
-  if (c0 < a.m) tile<D, 1, Signed>(w, a, t, row0, rows, c0);
+  for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) tile<D, D::kTileCols, Signed>(w, a, t, row0, rows, c0);
+  for (; c0 < a.m; ++c0) tile<D, 1, Signed>(w, a, t, row0, rows, c0);
 }
 
 template <class D>

@@ -56,6 +56,9 @@ inline float half_to_float(const uint8_t* p) {
 template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 64;
+  // Activation rows per register tile: 4 x 3 accumulators and three activation steps fit the 32
+  // vector registers (4 x 4 spills; 4 x 3 runs the prefill GEMM 1.2x faster than 4 x 2).
+  static constexpr int kTileCols = 3;
   struct Acc { __m512 v; };
   struct W { __m512i q; __mmask64 neg; __m512 scale, offset; };
   struct X { __m512i hi, lo; __m512 d, sum; };
@@ -167,6 +170,7 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 32;
+  static constexpr int kTileCols = 2;  // 16 vector registers
   struct Acc { __m256 v; };
   struct W { __m256i q, sign; __m256 scale, offset; };
   struct X { __m256i hi, lo; __m256 d, sum; };
@@ -259,6 +263,7 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 template <bool Vnni>
 struct Int8Dot {
   static constexpr int kValues = 32;
+  static constexpr int kTileCols = 2;
   struct Acc { float v; };
   struct W { const int8_t* q; float scale[2], offset[2]; };
   struct X { const int8_t* hi; const int8_t* lo; float d, sum[2]; };
