@@ -1,11 +1,13 @@
 """Offline engine throughput on the embedded SmolLM2-135M-Instruct (default settings: dtype auto, the GGUF's own
 weight formats).
 
-    python benchmarks/engine_throughput.py [--skip-concurrent]
+    python benchmarks/engine_throughput.py [--skip-concurrent] [--choices]
 
 Prints prefill tokens/s for one 512-token prompt, decode tokens/s at batch 1, and output tokens/s
 for 32 concurrent requests of ~256 prompt and 128 output tokens (ignore_eos), with the machine's
-memory bandwidth measured beside them.
+memory bandwidth measured beside them. --choices instead measures prefill and batch-1 decode for the
+defaults beside every other dtype / quantization choice this CPU runs, interleaved over 2 rounds,
+to show whether a default is slower than a choice the user could make.
 """
 
 from __future__ import annotations
@@ -25,33 +27,58 @@ def random_prompt(n: int, seed: int, vocab: int) -> dict:
     return {"prompt_token_ids": torch.randint(100, vocab, (n,), generator=gen).tolist()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--skip-concurrent", action="store_true")
-    args = ap.parse_args()
-    print(f"kernel variant {_C.get_isa()}, kernel threads {_C.get_num_threads()}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"memory read bandwidth: {memory_read_bandwidth() / 1e9:.1f} GB/s")
-    t0 = time.perf_counter()
-    llm = LLM(enablePrefixCache=False)
-    print(f"model load: {time.perf_counter() - t0:.1f} s")
-    vocab = llm.engine.loaded.config.vocab_size
-    llm.generate(random_prompt(64, 0, vocab), SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
-
+def single_stream(llm: LLM, vocab: int) -> tuple[float, float]:
+    """Prefill tokens/s of a 512-token prompt (best of 3) and batch-1 decode tokens/s."""
     prompt = random_prompt(512, 1, vocab)
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()
         llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
         best = min(best, time.perf_counter() - t0)
-    print(f"prefill, 512-token prompt: {512 / best:8.1f} tokens/s ({best * 1e3:.0f} ms)")
-
     t0 = time.perf_counter()
     out = llm.generate(random_prompt(16, 2, vocab), SamplingParams(max_tokens=129, temperature=0, ignore_eos=True),
                        use_tqdm=False)
-    t = time.perf_counter() - t0
     n = len(out[0].outputs[0].token_ids)
-    print(f"decode, batch 1:           {(n - 1) / t:8.1f} tokens/s ({n} tokens in {t:.2f} s, incl. prefill)")
+    return 512 / best, (n - 1) / (time.perf_counter() - t0)
+
+
+def compare_choices() -> None:
+    choices: list[dict] = [{}, {"quantization": "none", "dtype": "float32"}]
+    if _C.cpu_features().get("avx512_bf16"):
+        choices.insert(1, {"quantization": "none", "dtype": "bfloat16"})
+    llms = [LLM(enablePrefixCache=False, **kw) for kw in choices]
+    vocab = llms[0].engine.loaded.config.vocab_size
+    figures: list[list[tuple[float, float]]] = [[] for _ in choices]
+    for _ in range(2):
+        for llm, fig in zip(llms, figures):
+            llm.generate(random_prompt(64, 0, vocab), SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+            fig.append(single_stream(llm, vocab))
+    for kw, fig in zip(choices, figures):
+        name = ", ".join(f"{k} {v}" for k, v in kw.items()) or "defaults (dtype auto, quantization auto)"
+        print(f"{name:45s} prefill 512 {max(f[0] for f in fig):7.1f} tok/s, "
+              f"decode batch 1 {max(f[1] for f in fig):6.1f} tok/s (best of 2 rounds)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--skip-concurrent", action="store_true")
+    ap.add_argument("--choices", action="store_true", help="defaults against the other dtype/quantization choices")
+    args = ap.parse_args()
+    print(f"kernel variant {_C.get_isa()}, kernel threads {_C.get_num_threads()}, "
+          f"torch threads {torch.get_num_threads()}, CPU features {_C.cpu_features()}")
+    print(f"memory read bandwidth: {memory_read_bandwidth() / 1e9:.1f} GB/s")
+    if args.choices:
+        compare_choices()
+        return
+    t0 = time.perf_counter()
+    llm = LLM(enablePrefixCache=False)
+    print(f"model load: {time.perf_counter() - t0:.1f} s")
+    vocab = llm.engine.loaded.config.vocab_size
+    llm.generate(random_prompt(64, 0, vocab), SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+
+    prefill, decode = single_stream(llm, vocab)
+    print(f"prefill, 512-token prompt: {prefill:8.1f} tokens/s")
+    print(f"decode, batch 1:           {decode:8.1f} tokens/s (128 tokens after the first, incl. its prefill)")
 
     if not args.skip_concurrent:
         engine = llm.engine
