@@ -11,10 +11,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie import __version__
-from mindie.engine.request import SamplingParams
+from mindie.engine.request import EngineRequest, SamplingParams
 from mindie.server.errors import APIError
-from mindie.server.protocols.common import json_response
-from mindie.server.serving import Generation, GenerationTimeout, Serving
+from mindie.server.protocols.base import UNNAMED, Call
+from mindie.server.responses import json_response
+from mindie.server.serving import Serving
+from mindie.server.streams import GenerationTimeout
 
 MAX_PROBE_WAIT_S = 600
 
@@ -58,9 +60,9 @@ async def health_timed(ctx: Serving, request: Request) -> Response:
         wait = int(raw)
     if ctx.draining:
         return json_response({"status": "healthy"})
-    probe_ids = [ctx.tokenizer.bos_token_id or 0]
-    gen = Generation(probe_ids, SamplingParams(max_tokens=1, temperature=0), priority=1, timeout_s=wait)
-    stream = await ctx.start(gen)
+    probe = EngineRequest(UNNAMED, [ctx.tokenizer.bos_token_id or 0], SamplingParams(max_tokens=1, temperature=0),
+                          priority=1)
+    [stream] = await ctx.start(Call([probe], timeout_s=wait))
     try:
         async for _ in stream:
             pass
