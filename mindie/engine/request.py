@@ -1,9 +1,10 @@
 """The engine's one request type, shared by every API flavour, and what the engine reports back.
 
-A protocol adapter validates its own body and builds an `EngineRequest`; the engine turns each
-request into a `Sequence` (its runtime state) and emits `RequestOutput`s: one per step while it
-runs, the last with a finish reason (a beam-search request: one per returned hypothesis, all at
-its end).
+A protocol family's parse validates its own body and builds an `EngineRequest` (unnamed until the
+server admits it); the engine turns each request into a `Sequence` (its runtime state) and emits
+`RequestOutput`s: one per step while it runs, the last with a finish reason (a beam-search
+request: one per returned hypothesis, all at its end). This module loads neither torch nor the
+kernels, so processes that only route requests can use these types.
 """
 
 from __future__ import annotations
