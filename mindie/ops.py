@@ -19,7 +19,6 @@ __all__ = [
     "paged_attention",
     "paged_attention_decode",
     "reshape_and_cache",
-    "MAX_TOP_LOGPROBS",
     "SampleOutput",
     "sample",
     "BeamSearchState",
@@ -143,9 +142,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 # --- sampling -------------------------------------------------------------------------------
-
-MAX_TOP_LOGPROBS = 20
-
 
 class SampleOutput(NamedTuple):
     token_ids: torch.Tensor  # int64 [B]

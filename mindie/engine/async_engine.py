@@ -3,8 +3,9 @@
 The engine loop runs in its own thread. A model step spends nearly all its time in torch and in
 `mindie._C`, both of which release the GIL, so the event loop keeps serving HTTP while a step runs;
 a separate process would add a copy of every output across a pipe for no gain at this size. The
-engine itself is touched only by its thread: requests and aborts reach it through an inbox, and
-outputs come back through `loop.call_soon_threadsafe` into one queue per request.
+engine itself is touched only by its thread: typed commands (mindie/engine/commands.py) reach it
+through one inbox, outputs come back through `loop.call_soon_threadsafe` into one queue per
+request, and its state goes out as an immutable `EngineStats` snapshot replaced after each step.
 """
 
 from __future__ import annotations
@@ -13,18 +14,11 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
+from mindie.engine.commands import AbortRequest, AddRequest, EngineCommand, OutputSink
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput
-
-
-@dataclass
-class _Add:
-    request: EngineRequest
-    queue: asyncio.Queue[RequestOutput | BaseException]
-    accepted: asyncio.Future[None]
-    loop: asyncio.AbstractEventLoop
+from mindie.engine.stats import EngineStats
 
 
 class AsyncEngine:
@@ -34,11 +28,14 @@ class AsyncEngine:
         prefilled in one batch rather than one step per arrival."""
         self.engine = engine
         self.queue_delay_s = queue_delay_s
-        self._inbox: deque[_Add | str] = deque()  # new requests, or request ids to abort
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._inbox: deque[EngineCommand] = deque()
+        self._sinks: dict[str, OutputSink] = {}  # request id -> where its outputs go
         self._wake = threading.Condition()
         self._stopped = False
         self.last_error: BaseException | None = None  # of the last step, cleared by a good one
+        # Replaced, never mutated, by the engine thread: a reader on another thread gets one whole
+        # snapshot by reading the attribute once.
+        self.stats: EngineStats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="mindie-engine", daemon=True)
         self._thread.start()
 
@@ -48,14 +45,22 @@ class AsyncEngine:
         the last one has `request_done` set. Leaving the iteration
         early (a client that went away) aborts the request."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        accepted: asyncio.Future[None] = loop.create_future()
-        self._post(_Add(request, queue, accepted, loop))
-        await accepted
-        return self._stream(request.request_id, queue)
+        sink = OutputSink(loop, asyncio.Queue(), loop.create_future())
+        self.submit(AddRequest(request, sink))
+        await sink.accepted
+        return self._stream(request.request_id, sink.queue)
 
     def abort(self, request_id: str) -> None:
-        self._post(request_id)
+        self.submit(AbortRequest(request_id))
+
+    def submit(self, command: EngineCommand) -> None:
+        """Queues a command for the engine thread, which applies it before its next step; raises
+        RuntimeError once the engine has shut down. Safe from any thread."""
+        with self._wake:
+            if self._stopped:
+                raise RuntimeError("the engine has shut down")
+            self._inbox.append(command)
+            self._wake.notify()
 
     @property
     def healthy(self) -> bool:
@@ -82,13 +87,6 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    def _post(self, item: _Add | str) -> None:
-        with self._wake:
-            if self._stopped:
-                raise RuntimeError("the engine has shut down")
-            self._inbox.append(item)
-            self._wake.notify()
-
     # --- engine thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -100,53 +98,62 @@ class AsyncEngine:
                     break
                 if not self.engine.has_unfinished() and self.queue_delay_s > 0:
                     self._wake.wait_for(lambda: self._stopped, timeout=self.queue_delay_s)
-                inbox = list(self._inbox)
+                commands = list(self._inbox)
                 self._inbox.clear()
-            for item in inbox:
-                self._take(item)
+            outputs = [out for command in commands for out in self._apply(command)]
             try:
-                outputs = self.engine.step() if self.engine.has_unfinished() else []
+                stepped = self.engine.step() if self.engine.has_unfinished() else []
             except Exception as exc:  # a failed step fails its requests, never the thread
                 self.last_error = exc
+                self._publish(outputs)
                 self._fail_all(exc)
                 continue
-            if outputs:
+            if stepped:
                 self.last_error = None
-            self._deliver(outputs)
+            self._publish(outputs + stepped)
         self._fail_all(RuntimeError("the engine has shut down"))
 
-    def _take(self, item: _Add | str) -> None:
-        if isinstance(item, str):
-            self._deliver(self.engine.abort(item))
-            return
+    def _apply(self, command: EngineCommand) -> list[RequestOutput]:
+        """Runs one command on the engine; returns the outputs it produced (an abort's last ones)."""
+        if isinstance(command, AbortRequest):
+            return self.engine.abort(command.request_id)
+        sink = command.sink
         try:
-            self.engine.add_request(item.request)
+            self.engine.add_request(command.request)
         except Exception as exc:
-            item.loop.call_soon_threadsafe(_settle, item.accepted, exc)
-            return
-        self._queues[item.request.request_id] = (item.loop, item.queue)
-        item.loop.call_soon_threadsafe(_settle, item.accepted, None)
+            sink.loop.call_soon_threadsafe(_settle, sink.accepted, exc)
+            return []
+        self._sinks[command.request.request_id] = sink
+        sink.loop.call_soon_threadsafe(_settle, sink.accepted, None)
+        return []
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        """The new stats first, then the outputs: a client that has seen its request end finds it
+        gone from the stats too."""
+        self.stats = self.engine.stats()
+        self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hands a step's outputs to their queues with one wake-up per event loop, not one per
         output: at 32 streams that is one self-pipe write per step instead of 32."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         for out in outputs:
-            target = self._queues.get(out.request_id)
-            if target is None:
+            sink = self._sinks.get(out.request_id)
+            if sink is None:
                 continue
             if out.request_done:
-                del self._queues[out.request_id]
-            batches.setdefault(target[0], []).append((target[1], out))
+                del self._sinks[out.request_id]
+            batches.setdefault(sink.loop, []).append((sink.queue, out))
         for loop, batch in batches.items():
             loop.call_soon_threadsafe(_put_all, batch)
 
     def _fail_all(self, exc: BaseException) -> None:
         failure = exc if isinstance(exc, RuntimeError) else RuntimeError(f"engine step failed: {exc!r}")
-        for request_id, (loop, queue) in list(self._queues.items()):
+        for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
-            loop.call_soon_threadsafe(queue.put_nowait, failure)
-        self._queues.clear()
+            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, failure)
+        self._sinks.clear()
+        self.stats = self.engine.stats()
 
 
 def _put_all(batch: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

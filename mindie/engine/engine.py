@@ -27,6 +27,7 @@ from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
+from mindie.engine.stats import EngineStats
 from mindie.model.loader import LoadedModel
 from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
@@ -147,6 +148,13 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        sched, blocks = self.scheduler, self.blocks
+        return EngineStats(running=len(sched.running), waiting=len(sched.waiting),
+                           free_blocks=blocks.num_free_blocks(), total_blocks=blocks.num_blocks,
+                           prefix_query_tokens=blocks.prefix_query_tokens, prefix_hit_tokens=blocks.prefix_hit_tokens,
+                           num_preemptions=sched.num_preemptions)
 
     # --- the step ------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """The engine's one request type, shared by every API flavour, and what the engine reports back.
 
-A protocol adapter validates its own body and builds an `EngineRequest`; the engine turns each
-request into a `Sequence` (its runtime state) and emits `RequestOutput`s: one per step while it
-runs, the last with a finish reason (a beam-search request: one per returned hypothesis, all at
-its end).
+A protocol family's parse validates its own body and builds an `EngineRequest` (unnamed until the
+server admits it); the engine turns each request into a `Sequence` (its runtime state) and emits
+`RequestOutput`s: one per step while it runs, the last with a finish reason (a beam-search
+request: one per returned hypothesis, all at its end). This module loads neither torch nor the
+kernels, so processes that only route requests can use these types.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mindie.ops import MAX_TOP_LOGPROBS  # the kernel's limit on top-N log-probabilities
-
 if TYPE_CHECKING:
     from mindie.structured.grammar import Grammar
 
 SEED_MAX = 2**64 - 1  # seeds are uint64, as MindIE documents them
+# The sampling kernel's limit on top-N log-probabilities (kMaxTopLogprobs in kernels/cpu/sampling.h),
+# restated so that this module loads without the kernels; a test checks that they agree.
+MAX_TOP_LOGPROBS = 20
 MAX_N = 128  # MindIE's default maxN: samples (n / best_of) per request
 # Bounds on the work a request sizes (seeds 002 and 004): stop strings, their total characters, and
 # stop token ids. One stop string may be 32768 characters (a string `stop` on /v1/completions);

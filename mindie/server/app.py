@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mindie import __version__
 from mindie.server import management
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import Body, describe, parse
-from mindie.server.protocols import native, openai, tgi, triton, vllm
-from mindie.server.protocols.common import error_response, json_response
-from mindie.server.serving import ClientGone, GenerationTimeout, Serving
+from mindie.server.fields import Body, describe, validate
+from mindie.server.handler import generation
+from mindie.server.protocols import native, openai, openai_chat, openai_completions, tgi, triton, vllm
+from mindie.server.protocols.base import Call, Renderer
+from mindie.server.responses import error_response, json_response
+from mindie.server.serving import Serving
+from mindie.server.streams import ClientGone, GenerationTimeout
 
 log = logging.getLogger("mindie.server")
 
@@ -52,13 +55,13 @@ class _GenerateProbe(Body):
     inputs: Any = None
 
 
-async def generate_dispatch(ctx: Serving, request: Request, body: bytes) -> Response:
+async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
     """POST /generate is vLLM's when the body has `prompt`, TGI's when it has `inputs`."""
-    probe = parse(_GenerateProbe, body)
+    probe = validate(_GenerateProbe, body)
     if probe.prompt is not None:
-        return await vllm.generate(ctx, request, parse(vllm.VLLMRequest, body))
+        return await vllm.parse(ctx, body, path)
     if probe.inputs is not None:
-        return await tgi.generate(ctx, request, parse(tgi.TGIRequest, body))
+        return await tgi.parse_generate(ctx, body, path)
     raise APIError(422, "`inputs` (TGI) or `prompt` (vLLM) is required and must be a string", "inputs")
 
 
@@ -68,7 +71,7 @@ class TokenizerRequest(Body):
 
 
 async def mindie_tokenizer(ctx: Serving, request: Request, body: bytes) -> Response:
-    req = parse(TokenizerRequest, body)
+    req = validate(TokenizerRequest, body)
     if not req.inputs:
         raise APIError(422, "inputs must be a non-empty string", "inputs")
     ctx.check_text(req.inputs, "inputs")
@@ -79,20 +82,25 @@ async def mindie_tokenizer(ctx: Serving, request: Request, body: bytes) -> Respo
 
 OAI, NAT = ErrorStyle.OPENAI, ErrorStyle.MINDIE
 ROUTES: list[RouteSpec] = [
-    RouteSpec(BUSINESS, "POST", "/infer", native.infer, NAT, native.InferRequest, "MindIE native text generation"),
-    RouteSpec(BUSINESS, "POST", "/infer_token", native.infer, NAT, native.InferRequest, "MindIE native, token ids in"),
-    RouteSpec(BUSINESS, "POST", "/generate", generate_dispatch, NAT, tgi.TGIRequest, "TGI (inputs) or vLLM (prompt)"),
-    RouteSpec(BUSINESS, "POST", "/generate_stream", tgi.generate_stream, NAT, tgi.TGIRequest, "TGI streaming"),
-    RouteSpec(BUSINESS, "POST", "/", tgi.root, NAT, tgi.TGIRequest, "TGI root"),
-    RouteSpec(BUSINESS, "POST", "/v1/chat/completions", openai.chat, OAI, openai.ChatRequest, "OpenAI chat"),
-    RouteSpec(BUSINESS, "POST", "/v1/completions", openai.completions, OAI, openai.CompletionRequest,
-              "OpenAI completions"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate", triton.generate, NAT, triton.TritonTextRequest,
-              "Triton text generation"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate_stream", triton.generate_stream, NAT,
+    RouteSpec(BUSINESS, "POST", "/infer", generation(native.parse), NAT, native.InferRequest,
+              "MindIE native text generation"),
+    RouteSpec(BUSINESS, "POST", "/infer_token", generation(native.parse), NAT, native.InferRequest,
+              "MindIE native, token ids in"),
+    RouteSpec(BUSINESS, "POST", "/generate", generation(parse_generate), NAT, tgi.TGIRequest,
+              "TGI (inputs) or vLLM (prompt)"),
+    RouteSpec(BUSINESS, "POST", "/generate_stream", generation(tgi.parse_generate_stream), NAT, tgi.TGIRequest,
+              "TGI streaming"),
+    RouteSpec(BUSINESS, "POST", "/", generation(tgi.parse_root), NAT, tgi.TGIRequest, "TGI root"),
+    RouteSpec(BUSINESS, "POST", "/v1/chat/completions", generation(openai_chat.parse), OAI, openai_chat.ChatRequest,
+              "OpenAI chat"),
+    RouteSpec(BUSINESS, "POST", "/v1/completions", generation(openai_completions.parse), OAI,
+              openai_completions.CompletionRequest, "OpenAI completions"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate", generation(triton.parse_generate), NAT,
+              triton.TritonTextRequest, "Triton text generation"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate_stream", generation(triton.parse_generate_stream), NAT,
               triton.TritonTextRequest, "Triton streaming text generation"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/infer", triton.infer, NAT, triton.TritonTokenRequest,
-              "Triton token tensors"),
+    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/infer", generation(triton.parse_infer), NAT,
+              triton.TritonTokenRequest, "Triton token tensors"),
     RouteSpec(BUSINESS, "POST", "/v2/models/{model}/stopInfer", triton.stop_infer, NAT, triton.StopRequest,
               "Cancel a request by id"),
     RouteSpec(BUSINESS, "POST", "/v1/tokenizer", mindie_tokenizer, NAT, TokenizerRequest, "MindIE tokenizer"),

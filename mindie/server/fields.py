@@ -130,6 +130,6 @@ def describe(error: ValidationError) -> tuple[str, str | None]:
     return f"{field}: {msg[0].lower() + msg[1:]}, got {_short(err.get('input'))}", field
 
 
-def parse(model: type[BaseModel], body: bytes) -> Any:
+def validate(model: type[BaseModel], body: bytes) -> Any:
     """Validates a raw JSON body against a request model; raises ValidationError."""
     return model.model_validate_json(body)

@@ -47,7 +47,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     engine = LLMEngine(loaded, settings.engine)
     steps.update(1)
     steps.close()
-    return Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name, engine))
+    return Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name))
 
 
 def _ssl_options(settings: ServerSettings) -> dict[str, object]:

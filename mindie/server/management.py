@@ -11,10 +11,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie import __version__
-from mindie.engine.request import SamplingParams
+from mindie.engine.request import EngineRequest, SamplingParams
 from mindie.server.errors import APIError
-from mindie.server.protocols.common import json_response
-from mindie.server.serving import Generation, GenerationTimeout, Serving
+from mindie.server.protocols.base import UNNAMED, Call
+from mindie.server.responses import json_response
+from mindie.server.serving import Serving
+from mindie.server.streams import GenerationTimeout
 
 MAX_PROBE_WAIT_S = 600
 
@@ -58,9 +60,9 @@ async def health_timed(ctx: Serving, request: Request) -> Response:
         wait = int(raw)
     if ctx.draining:
         return json_response({"status": "healthy"})
-    probe_ids = [ctx.tokenizer.bos_token_id or 0]
-    gen = Generation(probe_ids, SamplingParams(max_tokens=1, temperature=0), priority=1, timeout_s=wait)
-    stream = await ctx.start(gen)
+    probe = EngineRequest(UNNAMED, [ctx.tokenizer.bos_token_id or 0], SamplingParams(max_tokens=1, temperature=0),
+                          priority=1)
+    [stream] = await ctx.start(Call([probe], timeout_s=wait))
     try:
         async for _ in stream:
             pass
@@ -87,12 +89,11 @@ async def info(ctx: Serving, request: Request) -> Response:
 
 
 def _resources(ctx: Serving) -> dict[str, Any]:
-    sched, blocks = ctx.engine.engine.scheduler, ctx.engine.engine.blocks
-    free = blocks.num_free_blocks()
-    return {"availSlotsNum": max(0, ctx.settings.engine.max_batch_size - len(sched.running)),
-            "availBlockNum": free, "waitingRequestNum": len(sched.waiting), "runningRequestNum": len(sched.running),
-            "swappedRequestNum": 0, "freeNpuBlockNums": free, "freeCpuBlockNums": 0,
-            "totalNpuBlockNums": blocks.num_blocks, "totalCpuBlockNums": 0}
+    stats = ctx.engine.stats
+    return {"availSlotsNum": max(0, ctx.settings.engine.max_batch_size - stats.running),
+            "availBlockNum": stats.free_blocks, "waitingRequestNum": stats.waiting,
+            "runningRequestNum": stats.running, "swappedRequestNum": 0, "freeNpuBlockNums": stats.free_blocks,
+            "freeCpuBlockNums": 0, "totalNpuBlockNums": stats.total_blocks, "totalCpuBlockNums": 0}
 
 
 async def status(ctx: Serving, request: Request) -> Response:
@@ -127,11 +128,12 @@ async def metrics_json(ctx: Serving, request: Request) -> Response:
     instance = f"{ctx.settings.management_host}:{ctx.settings.management_port}"
     return json_response({"resultType": "vector", "result": [
         {"metric": [{"__name__": name, "job": "node", "instance": instance}], "value": str(value)}
-        for name, value in ctx.metrics.summary().items()]})
+        for name, value in ctx.metrics.summary(ctx.engine.stats).items()]})
 
 
 async def metrics(ctx: Serving, request: Request) -> Response:
-    return Response(ctx.metrics.prometheus_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(ctx.metrics.prometheus_text(ctx.engine.stats),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def stop_service(ctx: Serving, request: Request) -> Response:

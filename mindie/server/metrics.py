@@ -1,25 +1,21 @@
 """Prometheus metrics under MindIE's names (spec section 5), and the JSON summary of
 `/metrics-json`. Counters and histograms are fed by the serving layer as requests finish; gauges
-are read from the engine when scraped."""
+are set from the engine's latest stats snapshot when scraped."""
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mindie.engine.request import FinishReason, RequestOutput
-
-if TYPE_CHECKING:
-    from mindie.engine.engine import LLMEngine
+from mindie.engine.stats import EngineStats
 
 _TOKEN_BUCKETS = (10, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 16000, 20000, 32000, 50000, 64000, 128000)
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, engine: LLMEngine) -> None:
-        self.engine = engine
+    def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
         r, label = self.registry, ["model_name"]
         self._label = model_name
@@ -98,29 +94,26 @@ class ServerMetrics:
                 self._tbt_recent.append(tbt)
         self.e2e.labels(self._label).observe(e2e_s)
 
-    def _refresh_gauges(self) -> None:
-        sched, blocks = self.engine.scheduler, self.engine.blocks
-        self.running.labels(self._label).set(len(sched.running))
-        self.waiting.labels(self._label).set(len(sched.waiting))
+    def _refresh_gauges(self, stats: EngineStats) -> None:
+        self.running.labels(self._label).set(stats.running)
+        self.waiting.labels(self._label).set(stats.waiting)
         self.swapped.labels(self._label).set(0)
-        self.cache_usage.labels(self._label).set(blocks.num_used_blocks() / blocks.num_blocks)
+        self.cache_usage.labels(self._label).set(stats.used_blocks / stats.total_blocks)
         self.cpu_cache_usage.labels(self._label).set(0)
-        q, h = blocks.prefix_query_tokens, blocks.prefix_hit_tokens
+        q, h = stats.prefix_query_tokens, stats.prefix_hit_tokens
         self.prefix_hit.labels(self._label).set(h / q if q else 0.0)
         self.radix_all.labels(self._label).set(q)
         self.radix_hit.labels(self._label).set(h)
-        total = sched.num_preemptions
-        self.preemptions.labels(self._label).inc(total - self._preemptions_seen)
-        self._preemptions_seen = total
+        self.preemptions.labels(self._label).inc(stats.num_preemptions - self._preemptions_seen)
+        self._preemptions_seen = stats.num_preemptions
         self.failed_perc.labels(self._label).set(self._failed / self._received if self._received else 0.0)
 
-    def prometheus_text(self) -> bytes:
-        self._refresh_gauges()
+    def prometheus_text(self, stats: EngineStats) -> bytes:
+        self._refresh_gauges(stats)
         return generate_latest(self.registry)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, stats: EngineStats) -> dict[str, float]:
         """TTFT / TBT averages (ms) over the last 1000 requests and the queue numbers."""
-        sched, blocks = self.engine.scheduler, self.engine.blocks
 
         def avg(xs: deque[float]) -> float:
             return 1e3 * sum(xs) / len(xs) if xs else 0.0
@@ -128,7 +121,7 @@ class ServerMetrics:
         return {
             "TTFT": avg(self._ttft_recent),
             "TBT": avg(self._tbt_recent),
-            "waitingInferRequestNum": len(sched.waiting),
-            "processingInferRequestNum": len(sched.running),
-            "remainBlocks": blocks.num_free_blocks(),
+            "waitingInferRequestNum": stats.waiting,
+            "processingInferRequestNum": stats.running,
+            "remainBlocks": stats.free_blocks,
         }

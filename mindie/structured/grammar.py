@@ -25,13 +25,10 @@ import llguidance
 import numpy as np
 import torch
 
+from mindie.structured.errors import GrammarError
 from mindie.tokenizer import Tokenizer
 
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class GrammarError(ValueError):
-    """A schema (or tool list) that cannot be compiled; the message names the problem."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import torch
 
 from mindie.config import EngineConfig
 from mindie.engine.async_engine import AsyncEngine
+from mindie.engine.commands import AbortRequest
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
 from mindie.model.loader import load_model
@@ -83,3 +84,30 @@ def test_rejected_request_raises_and_early_exit_aborts(loaded):
         engine.shutdown()
     assert not core.has_unfinished()
     assert core.blocks.num_used_blocks() == 0
+
+
+def test_stats_snapshot_follows_the_steps_and_aborts(loaded):
+    core = make(loaded)
+    engine = AsyncEngine(core)
+    idle = engine.stats
+    assert (idle.running, idle.waiting, idle.used_blocks) == (0, 0, 0) and idle.free_blocks == core.blocks.num_blocks
+
+    async def main():
+        long = SamplingParams(max_tokens=60, ignore_eos=True)
+        stream = await engine.add_request(EngineRequest("live", list(range(1, 20)), long))
+        await anext(stream)
+        busy = engine.stats  # published before the output that was just read
+        engine.submit(AbortRequest("live"))
+        last = [out async for out in stream][-1]
+        return busy, last
+
+    try:
+        busy, last = asyncio.run(main())
+        done = engine.stats
+    finally:
+        engine.shutdown()
+    assert busy.running == 1 and busy.used_blocks > 0 and busy.total_blocks == idle.total_blocks
+    assert last.finish_reason is FinishReason.ABORT and last.request_done
+    assert (done.running, done.waiting, done.used_blocks) == (0, 0, 0)
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.submit(AbortRequest("live"))

@@ -1,40 +1,39 @@
 """MindIE's native API: POST /infer (text) and /infer_token (token ids), per seed 000."""
 
-from typing import Any
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
-from starlette.requests import Request
-from starlette.responses import Response
 
-from mindie.engine.request import SamplingParams
-from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, Body, Seed, number, parse
-from mindie.server.protocols.common import (
-    MINDIE_REASONS,
+from mindie.engine.request import EngineRequest
+from mindie.server.errors import APIError
+from mindie.server.fields import Body, Seed, number, validate
+from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.params import (
     ContentPart,
+    MaxNewTokens,
+    Penalty,
+    Priority,
+    Temperature,
+    Timeout,
+    TokenId,
+    TopK,
+    TypicalP,
     join_parts,
-    json_response,
-    sampling_on,
-    sse,
-    stream_response,
+    sampling_params,
 )
-from mindie.server.serving import Generation, Result, Serving
+from mindie.server.results import Result, StreamItem
 
-Temperature = number(0, None, lo_open=True)
-TopK = number(0, INT32_MAX, lo_open=True, integer=True)
-TopP = number(0, 1, lo_open=True, hi_open=True)
-MaxNewTokens = number(0, INT32_MAX, lo_open=True, integer=True)
-Penalty = number(0, None, lo_open=True)
-TypicalP = number(0, 1, lo_open=True)
-Priority = number(1, 5, integer=True)
-Timeout = number(1, 3600, integer=True)
-TokenId = number(0, INT32_MAX, integer=True)
+if TYPE_CHECKING:
+    from mindie.server.serving import Serving
 
 
 class InferParameters(Body):
     temperature: Temperature | None = None
     top_k: TopK | None = None
-    top_p: TopP | None = None
+    top_p: number(0, 1, lo_open=True, hi_open=True) | None = None  # type: ignore[valid-type]
     max_new_tokens: MaxNewTokens = 20
     do_sample: bool | None = None
     seed: Seed | None = None
@@ -53,29 +52,8 @@ class InferRequest(Body):
     parameters: InferParameters = InferParameters()
 
 
-def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
-    return (stop,) if isinstance(stop, str) else tuple(stop or ())
-
-
-def sampling_params(p: Any, max_new_tokens: int) -> SamplingParams:
-    """Parameters shared by the native, TGI and Triton routes (same names, same meaning)."""
-    do_sample = sampling_on(p.do_sample, p.temperature, p.top_k, p.top_p)
-    try:
-        return SamplingParams(
-            max_tokens=max_new_tokens,
-            temperature=p.temperature if p.temperature is not None else 1.0,
-            top_k=p.top_k or 0,
-            top_p=p.top_p if p.top_p is not None else 1.0,
-            repetition_penalty=p.repetition_penalty,
-            seed=p.seed,
-            do_sample=do_sample,
-            stop=stop_tuple(getattr(p, "stop", None)),
-        )
-    except ValueError as exc:
-        raise APIError(422, f"parameters.{exc}") from None
-
-
-def _generation(ctx: Serving, req: InferRequest) -> Generation:
+async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    req = validate(InferRequest, body)
     if (req.inputs is None) == (req.input_id is None):
         raise APIError(422, "exactly one of inputs (text) and input_id (token ids) is required" if req.inputs is None
                        else "Input conflict: inputs and input_id cannot be used together", "inputs")
@@ -85,49 +63,45 @@ def _generation(ctx: Serving, req: InferRequest) -> Generation:
         text = join_parts(req.inputs, "inputs")  # type: ignore[arg-type]
         ids = ctx.encode(text, "inputs")
     p = req.parameters
-    return Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout,
-                      stream=req.stream, prompt_text=text)
+    request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
+                            prompt_text=text)
+    return Call([request], stream=req.stream, timeout_s=p.timeout), NativeRenderer(p.details, ctx.settings.full_text)
 
 
-def _details(result: Result, p: InferParameters, full: bool) -> dict[str, Any]:
+class NativeRenderer(Renderer):
+    def __init__(self, details: bool, full_text: bool) -> None:
+        self.details = details
+        self.full_text = full_text
+
+    def whole(self, results: list[Result]) -> Any:
+        result = results[0]
+        out: dict[str, Any] = {"generated_text": result.samples[0].text}
+        if self.details:
+            out["details"] = _details(result, full=True)
+        return out
+
+    def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
+        result, out = results[0], item.output
+        event: dict[str, Any] = {
+            "prefill_time": round(item.prefill_ms, 2) if item.prefill_ms is not None else None,
+            "decode_time": round(item.decode_ms, 2) if item.decode_ms is not None else None,
+        }
+        # Seed 000: token.id is the event's one token as an integer (an event per step, one
+        # token each; None on an end without a token, such as an abort).
+        token_id = out.new_token_ids[-1] if out.new_token_ids else None
+        if out.finish_reason is None:
+            event["token"] = {"id": token_id, "text": result.stream_text(out, self.full_text)}
+        else:
+            event["generated_text"] = result.samples[0].text
+            event["details"] = _details(result, full=False) if self.details else None
+            event["token"] = {"id": token_id, "text": None}
+        return [sse(event)]
+
+
+def _details(result: Result, full: bool) -> dict[str, Any]:
     s = result.samples[0]
     d: dict[str, Any] = {"finish_reason": MINDIE_REASONS[s.finish_reason], "generated_tokens": len(s.token_ids)}
     if full:
         d["generated_token_ids"] = s.token_ids
     d["seed"] = result.seed
     return d
-
-
-async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
-    req = parse(InferRequest, body)
-    gen = _generation(ctx, req)
-    stream = await ctx.start(gen)
-    p = req.parameters
-    if not req.stream:
-        result = await ctx.collect(request, stream)
-        out: dict[str, Any] = {"generated_text": result.samples[0].text}
-        if p.details:
-            out["details"] = _details(result, p, full=True)
-        return json_response(out)
-
-    async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(gen.params)
-        async for item in stream:
-            result.add(item)
-            out = item.output
-            event: dict[str, Any] = {
-                "prefill_time": round(item.prefill_ms, 2) if item.prefill_ms is not None else None,
-                "decode_time": round(item.decode_ms, 2) if item.decode_ms is not None else None,
-            }
-            # Seed 000: token.id is the event's one token as an integer (an event per step, one
-            # token each; None on an end without a token, such as an abort).
-            token_id = out.new_token_ids[-1] if out.new_token_ids else None
-            if out.finish_reason is None:
-                event["token"] = {"id": token_id, "text": result.stream_text(out, ctx.settings.full_text)}
-            else:
-                event["generated_text"] = result.samples[0].text
-                event["details"] = _details(result, p, full=False) if p.details else None
-                event["token"] = {"id": token_id, "text": None}
-            yield sse(event)
-
-    return stream_response(stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE)))

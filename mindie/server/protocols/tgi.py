@@ -1,47 +1,33 @@
 """The TGI 0.9.4-compatible API: POST /generate (body with `inputs`), /generate_stream and `/`."""
 
-from typing import Annotated, Any
+from __future__ import annotations
 
-from pydantic import AfterValidator, Field
-from starlette.requests import Request
-from starlette.responses import Response
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from mindie.engine.request import MAX_STOP_CHARS_TOTAL, MAX_STOP_LIST_ITEM_CHARS, MAX_STOP_STRINGS
-from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, Body, number, parse
-from mindie.server.protocols.common import (
-    MINDIE_REASONS,
+from mindie.engine.request import EngineRequest
+from mindie.server.errors import APIError
+from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
+from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.params import (
     ContentPart,
-    join_parts,
-    json_response,
-    sse,
-    stream_response,
-)
-from mindie.server.protocols.native import (
     MaxNewTokens,
     Penalty,
     Priority,
-    Seed,
+    StopList,
+    StopString,
     Temperature,
     Timeout,
     TopK,
     TypicalP,
+    join_parts,
     sampling_params,
 )
-from mindie.server.serving import Generation, Result, SampleResult, Serving
+from mindie.server.results import Result, SampleResult, StreamItem
 
-StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LIST_ITEM_CHARS)]
-
-
-def _stop_total(stops: list[str]) -> list[str]:
-    total = sum(len(s) for s in stops)
-    if total > MAX_STOP_CHARS_TOTAL:
-        raise ValueError(f"must have at most {MAX_STOP_CHARS_TOTAL} characters in total, got {total}")
-    return stops
-
-
-# seed 004: up to 1024 strings of 1..1024 characters, 32768 in all
-StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS), AfterValidator(_stop_total)]
+if TYPE_CHECKING:
+    from mindie.server.serving import Serving
+    from mindie.tokenizer import Tokenizer
 
 
 class TGIParameters(Body):
@@ -70,7 +56,20 @@ class TGIRequest(Body):
     stream: bool = False  # only read by POST /
 
 
-def _generation(ctx: Serving, req: TGIRequest, stream: bool) -> Generation:
+async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    return _parse(ctx, validate(TGIRequest, body), stream=False, wrap_in_list=False)
+
+
+async def parse_generate_stream(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    return _parse(ctx, validate(TGIRequest, body), stream=True, wrap_in_list=False)
+
+
+async def parse_root(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    req = validate(TGIRequest, body)
+    return _parse(ctx, req, stream=req.stream, wrap_in_list=not req.stream)
+
+
+def _parse(ctx: Serving, req: TGIRequest, stream: bool, wrap_in_list: bool) -> tuple[Call, Renderer]:
     p = req.parameters
     if stream and p.decoder_input_details:
         raise APIError(422, "parameters.decoder_input_details must not be true when stream is true",
@@ -84,68 +83,59 @@ def _generation(ctx: Serving, req: TGIRequest, stream: bool) -> Generation:
     if p.truncate is not None and len(ids) > p.truncate:
         ids = ids[-p.truncate:]
     ids = ctx.fit_prompt(ids, "inputs")
-    return Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout,
-                      stream=stream, prompt_text=text)
+    request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
+                            prompt_text=text)
+    renderer = TGIRenderer(ctx.tokenizer, p, ids, text if p.return_full_text else "", ctx.settings.full_text,
+                           wrap_in_list)
+    return Call([request], stream=stream, timeout_s=p.timeout), renderer
 
 
-def _token(ctx: Serving, token_id: int, logprob: float | None) -> dict[str, Any]:
-    return {"id": token_id, "text": ctx.tokenizer.decode([token_id], skip_special_tokens=False),
-            "logprob": logprob, "special": token_id in ctx.tokenizer.special_ids}
+class TGIRenderer(Renderer):
+    def __init__(self, tokenizer: Tokenizer, p: TGIParameters, prompt_ids: list[int], prefix: str,
+                 full_text: bool, wrap_in_list: bool) -> None:
+        self.tokenizer = tokenizer
+        self.p = p
+        self.prompt_ids = prompt_ids
+        self.prefix = prefix  # the prompt, with return_full_text
+        self.full_text = full_text
+        self.wrap_in_list = wrap_in_list  # POST / answers a list
 
-
-def _details(ctx: Serving, gen: Generation, result: Result, s: SampleResult, prefill: bool) -> dict[str, Any]:
-    return {
-        "prompt_tokens": len(gen.prompt_ids),
-        "finish_reason": MINDIE_REASONS[s.finish_reason],
-        "generated_tokens": len(s.token_ids),
-        "prefill": [_token(ctx, t, None) for t in gen.prompt_ids] if prefill else [],
-        "seed": result.seed,
-        "tokens": [_token(ctx, lp.token_id, lp.logprob) for lp in s.logprobs],
-    }
-
-
-async def _run(ctx: Serving, request: Request, req: TGIRequest, stream: bool, wrap_in_list: bool) -> Response:
-    gen = _generation(ctx, req, stream)
-    out_stream = await ctx.start(gen)
-    p = req.parameters
-    prefix = gen.prompt_text if p.return_full_text else ""
-    if not stream:
-        result = await ctx.collect(request, out_stream)
+    def whole(self, results: list[Result]) -> Any:
+        result = results[0]
         s = result.samples[0]
-        body: dict[str, Any] = {"generated_text": prefix + s.text}
-        if p.details or p.decoder_input_details:
-            body = {"details": _details(ctx, gen, result, s, p.decoder_input_details), **body}
-        return json_response([body] if wrap_in_list else body)
+        body: dict[str, Any] = {"generated_text": self.prefix + s.text}
+        if self.p.details or self.p.decoder_input_details:
+            body = {"details": self._details(result, s, self.p.decoder_input_details), **body}
+        return [body] if self.wrap_in_list else body
 
-    async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(gen.params)
-        async for item in out_stream:
-            result.add(item)
-            out, s = item.output, result.samples[0]
-            for k, lp in enumerate(out.new_logprobs):
-                token = _token(ctx, lp.token_id, lp.logprob)
-                last = out.finish_reason is not None and k == len(out.new_logprobs) - 1
-                token["text"] = result.stream_text(out, ctx.settings.full_text) if k == 0 else ""
-                event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
-                if last:
-                    event["generated_text"] = prefix + s.text
-                    if p.details:
-                        event["details"] = {"prompt_tokens": len(gen.prompt_ids),
-                                            "finish_reason": MINDIE_REASONS[s.finish_reason],
-                                            "generated_tokens": len(s.token_ids), "seed": result.seed}
-                yield sse(event)
+    def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
+        result = results[0]
+        out, s = item.output, result.samples[0]
+        events = []
+        for i, lp in enumerate(out.new_logprobs):
+            token = self._token(lp.token_id, lp.logprob)
+            last = out.finish_reason is not None and i == len(out.new_logprobs) - 1
+            token["text"] = result.stream_text(out, self.full_text) if i == 0 else ""
+            event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
+            if last:
+                event["generated_text"] = self.prefix + s.text
+                if self.p.details:
+                    event["details"] = {"prompt_tokens": len(self.prompt_ids),
+                                        "finish_reason": MINDIE_REASONS[s.finish_reason],
+                                        "generated_tokens": len(s.token_ids), "seed": result.seed}
+            events.append(sse(event))
+        return events
 
-    return stream_response(out_stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE)))
+    def _token(self, token_id: int, logprob: float | None) -> dict[str, Any]:
+        return {"id": token_id, "text": self.tokenizer.decode([token_id], skip_special_tokens=False),
+                "logprob": logprob, "special": token_id in self.tokenizer.special_ids}
 
-
-async def generate(ctx: Serving, request: Request, req: TGIRequest) -> Response:
-    return await _run(ctx, request, req, stream=False, wrap_in_list=False)
-
-
-async def generate_stream(ctx: Serving, request: Request, body: bytes) -> Response:
-    return await _run(ctx, request, parse(TGIRequest, body), stream=True, wrap_in_list=False)
-
-
-async def root(ctx: Serving, request: Request, body: bytes) -> Response:
-    req = parse(TGIRequest, body)
-    return await _run(ctx, request, req, stream=req.stream, wrap_in_list=not req.stream)
+    def _details(self, result: Result, s: SampleResult, prefill: bool) -> dict[str, Any]:
+        return {
+            "prompt_tokens": len(self.prompt_ids),
+            "finish_reason": MINDIE_REASONS[s.finish_reason],
+            "generated_tokens": len(s.token_ids),
+            "prefill": [self._token(t, None) for t in self.prompt_ids] if prefill else [],
+            "seed": result.seed,
+            "tokens": [self._token(lp.token_id, lp.logprob) for lp in s.logprobs],
+        }

@@ -12,10 +12,13 @@ token mask; a schema that does not compile is a 400 before anything reaches the 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindie.server.errors import APIError
-from mindie.structured.grammar import Grammar, GrammarCompiler, GrammarError
+from mindie.structured.errors import GrammarError
+
+if TYPE_CHECKING:
+    from mindie.structured.grammar import Grammar, GrammarCompiler
 
 FALLBACK_BLOCK = (
     "You can call functions. To call one, answer with only a JSON object of the form "

@@ -1,36 +1,38 @@
 """The Triton-compatible API: /v2/models/{m}/generate, /generate_stream (text) and /infer
 (token tensors), /v2/models/{m}/stopInfer, and the model-metadata routes."""
 
+from __future__ import annotations
+
 import os
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie import __version__
-from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import INT32_MAX, Body, number, parse
-from mindie.server.protocols.common import (
-    MINDIE_REASONS,
+from mindie.engine.request import EngineRequest
+from mindie.server.errors import APIError
+from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
+from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.params import (
     ContentPart,
-    join_parts,
-    json_response,
-    sse,
-    stream_response,
-)
-from mindie.server.protocols.native import (
     MaxNewTokens,
     Penalty,
     Priority,
-    Seed,
     Temperature,
     Timeout,
     TokenId,
     TypicalP,
+    join_parts,
     sampling_params,
 )
-from mindie.server.serving import Generation, Result, Serving
+from mindie.server.responses import json_response
+from mindie.server.results import Result, StreamItem
+
+if TYPE_CHECKING:
+    from mindie.server.serving import Serving
 
 RequestId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,256}$")]
 
@@ -85,56 +87,69 @@ def check_model(ctx: Serving, model: str) -> None:
         raise APIError(404, f"Model {model} not found.", "model")
 
 
-def _details(result: Result) -> dict[str, Any]:
-    s = result.samples[0]
-    return {"finish_reason": MINDIE_REASONS[s.finish_reason], "generated_tokens": len(s.token_ids),
-            "first_token_cost": round(result.prefill_ms, 2) if result.prefill_ms is not None else None,
-            "decode_cost": [round(d, 2) for d in result.decode_ms],
-            "batch_size": result.batch_sizes, "queue_wait_time": result.queue_wait_us}
+async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    return _parse_text(ctx, body, path["model"], stream=False)
 
 
-async def _text(ctx: Serving, request: Request, body: bytes, stream: bool) -> Response:
-    model = request.path_params["model"]
+async def parse_generate_stream(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    return _parse_text(ctx, body, path["model"], stream=True)
+
+
+def _parse_text(ctx: Serving, body: bytes, model: str, stream: bool) -> tuple[Call, Renderer]:
     check_model(ctx, model)
-    req = parse(TritonTextRequest, body)
+    req = validate(TritonTextRequest, body)
     p = req.parameters
     text = join_parts(req.text_input, "text_input")
-    gen = Generation(ctx.encode(text, "text_input"), sampling_params(p, p.max_new_tokens), priority=p.priority,
-                     timeout_s=p.timeout, stream=stream, user_id=req.id, prompt_text=text)
-    out_stream = await ctx.start(gen)
-    rid = req.id or out_stream.request_id
-    if not stream:
-        result = await ctx.collect(request, out_stream)
-        body_out: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
-                                    "text_output": result.samples[0].text}
-        if p.details:
-            body_out["details"] = _details(result)
-        return json_response(body_out)
+    ids = ctx.encode(text, "text_input")
+    request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
+                            prompt_text=text)
+    renderer = TritonTextRenderer(req.id, model, p.details, ctx.settings.full_text)
+    return Call([request], stream=stream, timeout_s=p.timeout, user_id=req.id), renderer
 
-    async def events():  # type: ignore[no-untyped-def]
-        result = Result.empty(gen.params)
-        async for item in out_stream:
-            result.add(item)
-            out = item.output
-            event: dict[str, Any] = {"id": rid, "model_name": model, "model_version": None,
-                                     "text_output": result.stream_text(out, ctx.settings.full_text)}
-            if p.details:
-                # Seed 003's event: details with the running token count and this step's batch size
-                # and queue wait (us), then prefillTime on the first event, decodeTime on later ones.
-                details: dict[str, Any] = {"generated_tokens": out.num_output_tokens, "first_token_cost": None,
-                                           "decode_cost": None, "batch_size": _last(out.batch_sizes),
-                                           "queue_wait_time": _last([round(w * 1e6) for w in out.queue_waits_s])}
-                if out.finish_reason is not None:
-                    details = {"finish_reason": MINDIE_REASONS[out.finish_reason], **details}
-                event["details"] = details
-                event["prefillTime"] = round(item.prefill_ms, 2) if item.prefill_ms is not None else None
-                event["decodeTime"] = round(item.decode_ms, 2) if item.decode_ms is not None else None
-            elif out.finish_reason is not None:
-                event["details"] = {"finish_reason": MINDIE_REASONS[out.finish_reason],
-                                    "generated_tokens": out.num_output_tokens}
-            yield sse(event, space=False)
 
-    return stream_response(out_stream, events, lambda e: sse(e.body(ErrorStyle.MINDIE), space=False))
+class TritonTextRenderer(Renderer):
+    def __init__(self, user_id: str | None, model: str, details: bool, full_text: bool) -> None:
+        self.user_id = user_id
+        self.model = model
+        self.details = details
+        self.full_text = full_text
+
+    def _head(self, result: Result) -> dict[str, Any]:
+        return {"id": self.user_id or result.request_id, "model_name": self.model, "model_version": None}
+
+    def whole(self, results: list[Result]) -> Any:
+        result = results[0]
+        body = {**self._head(result), "text_output": result.samples[0].text}
+        if self.details:
+            s = result.samples[0]
+            body["details"] = {"finish_reason": MINDIE_REASONS[s.finish_reason], "generated_tokens": len(s.token_ids),
+                               "first_token_cost": round(result.prefill_ms, 2) if result.prefill_ms is not None
+                               else None,
+                               "decode_cost": [round(d, 2) for d in result.decode_ms],
+                               "batch_size": result.batch_sizes, "queue_wait_time": result.queue_wait_us}
+        return body
+
+    def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
+        result, out = results[0], item.output
+        event: dict[str, Any] = {**self._head(result), "text_output": result.stream_text(out, self.full_text)}
+        if self.details:
+            # Seed 003's event: details with the running token count and this step's batch size
+            # and queue wait (us), then prefillTime on the first event, decodeTime on later ones.
+            details: dict[str, Any] = {"generated_tokens": out.num_output_tokens, "first_token_cost": None,
+                                       "decode_cost": None, "batch_size": _last(out.batch_sizes),
+                                       "queue_wait_time": _last([round(w * 1e6) for w in out.queue_waits_s])}
+            if out.finish_reason is not None:
+                details = {"finish_reason": MINDIE_REASONS[out.finish_reason], **details}
+            event["details"] = details
+            event["prefillTime"] = round(item.prefill_ms, 2) if item.prefill_ms is not None else None
+            event["decodeTime"] = round(item.decode_ms, 2) if item.decode_ms is not None else None
+        elif out.finish_reason is not None:
+            event["details"] = {"finish_reason": MINDIE_REASONS[out.finish_reason],
+                                "generated_tokens": out.num_output_tokens}
+        return [sse(event, space=False)]
+
+    def error(self, err: APIError) -> bytes:
+        return sse(err.body(self.style), space=False)
 
 
 def _last(values: list[int]) -> int | None:
@@ -142,17 +157,9 @@ def _last(values: list[int]) -> int | None:
     return values[-1] if values else None
 
 
-async def generate(ctx: Serving, request: Request, body: bytes) -> Response:
-    return await _text(ctx, request, body, stream=False)
-
-
-async def generate_stream(ctx: Serving, request: Request, body: bytes) -> Response:
-    return await _text(ctx, request, body, stream=True)
-
-
-async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
-    check_model(ctx, request.path_params["model"])
-    req = parse(TritonTokenRequest, body)
+async def parse_infer(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    check_model(ctx, path["model"])
+    req = validate(TritonTokenRequest, body)
     tensor = req.inputs[0]
     count = 1
     for dim in tensor.shape:
@@ -162,19 +169,27 @@ async def infer(ctx: Serving, request: Request, body: bytes) -> Response:
                             f"{len(tensor.data)}", "inputs[0].shape")
     p = req.parameters
     ids = ctx.check_token_ids(list(tensor.data), "inputs[0].data")
-    gen = Generation(ids, sampling_params(p, p.max_new_tokens), priority=p.priority, timeout_s=p.timeout,
-                     user_id=req.id)
-    out_stream = await ctx.start(gen)
-    result = await ctx.collect(request, out_stream)
-    data = result.samples[0].token_ids
-    name = req.outputs[0].name if req.outputs else "output0"
-    return json_response({"id": req.id or out_stream.request_id,
-                          "outputs": [{"name": name, "shape": [1, len(data)], "datatype": "UINT32", "data": data}]})
+    request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority)
+    renderer = TritonTokenRenderer(req.id, req.outputs[0].name if req.outputs else "output0")
+    return Call([request], timeout_s=p.timeout, user_id=req.id), renderer
+
+
+class TritonTokenRenderer(Renderer):
+    """/infer answers whole: its output tensor is every generated token id."""
+
+    def __init__(self, user_id: str | None, output_name: str) -> None:
+        self.user_id = user_id
+        self.output_name = output_name
+
+    def whole(self, results: list[Result]) -> Any:
+        data = results[0].samples[0].token_ids
+        return {"id": self.user_id or results[0].request_id,
+                "outputs": [{"name": self.output_name, "shape": [1, len(data)], "datatype": "UINT32", "data": data}]}
 
 
 async def stop_infer(ctx: Serving, request: Request, body: bytes) -> Response:
     check_model(ctx, request.path_params["model"])
-    req = parse(StopRequest, body)
+    req = validate(StopRequest, body)
     if not ctx.stop(req.id):
         raise APIError(404, f"RequestId is {req.id} not found.", "id")
     return json_response({"id": req.id})

@@ -1,0 +1,168 @@
+"""OpenAI's POST /v1/chat/completions: messages through the chat template, tool calls and
+structured output, and the chat shapes (choices with a message, or chunks with deltas)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field
+
+from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
+from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.fields import INT32_MAX, Body, number, validate
+from mindie.server.protocols import tools as tools_support
+from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.messages import Message, Tool, render_chat
+from mindie.server.protocols.openai import OpenAIFields, StreamUsage, chat_logprobs, check_model, usage
+from mindie.server.results import Result, StreamItem
+from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
+
+if TYPE_CHECKING:
+    from mindie.server.serving import Serving
+    from mindie.tokenizer import Tokenizer
+
+MAX_MESSAGES = 4096
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatRequest(OpenAIFields):
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    # seed 004's ranges where it and seed 001 differ
+    temperature: number(0, 2) = 1.0  # type: ignore[valid-type]
+    top_p: number(0, 1, lo_open=True) = 1.0  # type: ignore[valid-type]
+    top_k: number(0, INT32_MAX, integer=True, also=(-1,)) = -1  # type: ignore[valid-type]  # 0 or -1: off
+    logprobs: bool = False
+    top_logprobs: number(0, 20, integer=True) | None = None  # type: ignore[valid-type]
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template: Annotated[str, Field(max_length=65536)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    @property
+    def reads_calls(self) -> bool:
+        """Whether the output is scanned for tool calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+    req = validate(ChatRequest, body)
+    check_model(ctx, req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(422, "top_logprobs requires logprobs to be true", "top_logprobs")
+    tools = tools_support.check_tools(req.tools, req.tool_choice)
+    offered = req.tools if req.tool_choice != "none" else None
+    prompt, ids = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
+                              dict(req.chat_template_kwargs or {}))
+    ids = ctx.fit_prompt(ids, "messages")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=req.output_limit, stream=req.stream)
+    grammar = None
+    strict = any(t.function.strict for t in req.tools or ())
+    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or req.response_format is not None or (
+            strict and req.tool_choice != "none"):
+        grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
+                                          req.response_format, strict)
+        if grammar is not None and params.max_tokens is not None:
+            needed = grammar.matcher().min_tokens(limit=params.max_tokens + 1)
+            if needed is None or needed > params.max_tokens:
+                what = "response_format" if req.response_format is not None else "the tool call"
+                raise APIError(422, f"max_tokens is {params.max_tokens}, too few for any valid output: {what} "
+                                    f"needs at least {needed or 'more than ' + str(params.max_tokens)} tokens",
+                               "max_tokens")
+    request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar)
+    return Call([request], stream=req.stream), ChatRenderer(req, params, ctx.tokenizer, len(ids),
+                                                            ctx.settings.full_text)
+
+
+class ChatRenderer(Renderer):
+    style = ErrorStyle.OPENAI
+
+    def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_tokens: int,
+                 full_text: bool) -> None:
+        self.req = req
+        self.n = params.n
+        self.tokenizer = tokenizer
+        self.full_text = full_text
+        self.created = int(time.time())
+        self.usage = StreamUsage(req.stream_options, prompt_tokens)
+        self.names = [t.function.name for t in req.tools or ()]
+        # per sample, when streaming: the parser that finds tool calls in its deltas, and whether
+        # it found one (the finish reason is then tool_calls)
+        streams_calls = req.stream and req.reads_calls
+        self.parsers = {i: ToolCallParser(self.names) for i in range(params.num_outputs)} if streams_calls else {}
+        self.called: set[int] = set()
+
+    def _head(self, results: list[Result], kind: str) -> dict[str, Any]:
+        return {"id": results[0].request_id, "object": kind, "created": self.created, "model": self.req.model}
+
+    def whole(self, results: list[Result]) -> Any:
+        choices = []
+        for s in results[0].best(self.n):
+            message, called = self._message(s.text)
+            reason = "tool_calls" if called and s.finish_reason is not FinishReason.LENGTH else \
+                OPENAI_REASONS[s.finish_reason]
+            choices.append({"index": s.index, "message": message,
+                            "logprobs": chat_logprobs(self.tokenizer, s.logprobs) if self.req.logprobs else None,
+                            "finish_reason": reason})
+        return {**self._head(results, "chat.completion"), "choices": choices,
+                "usage": usage(results, self.usage.prompt_tokens)}
+
+    def _message(self, text: str) -> tuple[dict[str, Any], bool]:
+        """The assistant message for a finished sample, and whether it is a tool call."""
+        if not self.req.reads_calls:
+            return {"role": "assistant", "content": text, "tool_calls": []}, False
+        parsed = parse_tool_calls(text, self.names)
+        calls = [c.to_openai() for c in parsed.tool_calls]
+        return {"role": "assistant", "content": parsed.content if parsed.content or not calls else None,
+                "tool_calls": calls}, bool(calls)
+
+    def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
+        # Seed 001's framing: every delta names the role, and each choice ends with a chunk whose
+        # delta is {} and which carries the finish reason.
+        head = self._head(results, "chat.completion.chunk")
+        out = item.output
+        final = out.finish_reason is not None
+        lps = chat_logprobs(self.tokenizer, out.new_logprobs) if self.req.logprobs else None
+        events = []
+        for delta in self._deltas(out.index, out.new_text, final):
+            chunk = {**head, "choices": [{"index": out.index, "delta": {"role": "assistant", **delta},
+                                          "logprobs": lps, "finish_reason": None}]}
+            lps = None  # the step's log-probabilities ride on its first chunk
+            events.append(sse(self.usage.running(chunk, results)))
+        if final:
+            reason = "tool_calls" if out.index in self.called and out.finish_reason is not FinishReason.LENGTH \
+                else OPENAI_REASONS[out.finish_reason]
+            chunk = {**head, "choices": [{"index": out.index, "delta": {}, "logprobs": lps, "finish_reason": reason}]}
+            if self.full_text:
+                chunk["full_text"] = results[0].samples[out.index].text
+            events.append(sse(self.usage.last(chunk, results) if out.request_done
+                              else self.usage.running(chunk, results)))
+        return events
+
+    def _deltas(self, index: int, text: str, final: bool) -> list[dict[str, Any]]:
+        """Content and tool-call deltas for new text of sample `index`."""
+        parser = self.parsers.get(index)
+        if parser is None:
+            return [{"content": text}] if text else []
+        events = parser.feed(text) + (parser.finish() if final else [])
+        out: list[dict[str, Any]] = []
+        for e in events:
+            if isinstance(e, ContentDelta):
+                out.append({"content": e.text})
+            else:
+                self.called.add(index)
+                out.append({"tool_calls": [e.to_openai_delta()]})
+        return out
+
+    def end(self, results: list[Result]) -> list[bytes]:
+        return self.usage.chunks(self._head(results, "chat.completion.chunk"), results)
