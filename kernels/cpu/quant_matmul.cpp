@@ -46,13 +46,14 @@ struct StagedRows {
 // ...or decoded from the matrix's own blocks.
 template <class D, QFormat F>
 struct RawRows {
+  static constexpr int64_t kBlockBytes = qformat_info(static_cast<int>(F)).block_bytes;  // 32 values
   const QMatrix& w;
   int64_t row0;
   typename D::W load(int r, int64_t i, int n) const {
     const uint8_t* row = w.data + (row0 + r) * w.row_bytes;
     // The same bytes kPrefetchTiles tiles on: four rows read side by side are four streams that the
     // hardware prefetcher picks up late, at every matrix start and again and again in small ones.
-    __builtin_prefetch(row + kPrefetchTiles * kTileRows * w.row_bytes + i * w.row_bytes / w.cols);
+    __builtin_prefetch(row + kPrefetchTiles * kTileRows * w.row_bytes + (i / 32) * kBlockBytes);
     return D::template decode_w<F>(row, i, n);
   }
 };

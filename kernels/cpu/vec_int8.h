@@ -113,7 +113,7 @@ struct Int8Dot {
   static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
   template <QFormat F>
   static W decode_w(const uint8_t* row, int64_t i, int n) {
-    constexpr int kBytes = F == QFormat::kQ4_0 ? 18 : F == QFormat::kQ4_1 ? 20 : 34;
+    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;  // d (and Q4_1's min) as halves
     const uint8_t* b0 = row + (i / 32) * kBytes;
     const uint8_t* b1 = b0 + kBytes;
@@ -214,7 +214,7 @@ struct Int8Dot {
   static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
   template <QFormat F>
   static W decode_w(const uint8_t* row, int64_t i, int) {
-    constexpr int kBytes = F == QFormat::kQ4_0 ? 18 : F == QFormat::kQ4_1 ? 20 : 34;
+    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     const uint8_t* b = row + (i / 32) * kBytes;
     const __m256 d = _mm256_set1_ps(half_to_float(b));
     if constexpr (F == QFormat::kQ8_0) {
