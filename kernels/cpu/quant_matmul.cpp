@@ -1,11 +1,11 @@
 // Integer matmul over block-quantized weights (see quant.h). Work is split over the threads as
-// contiguous ranges of 4-row weight tiles. With many activation rows each tile is staged once into L1
-// and applied to every activation row, Int8Dot::kTileCols at a time; with few (decode), staging would
-// cost more than the dot products, so formats that Int8Dot decodes in registers are read straight
-// from their blocks. Both give the same weight registers, and the result of an output element depends
-// only on its weight row and activation row: the path, tile shape and thread split decide where it is
-// computed, never how.
+// contiguous ranges of 16-row panels. Each panel is staged once into a small buffer in the panel
+// layout (rows side by side, see vec_int8.h) and applied to every activation row, a register tile
+// at a time. The result of an output element depends only on its weight row and activation row: the
+// tile shape, the number of activation rows and the thread split decide where it is computed, never
+// how (Int8Panel::tile reduces each element in one lane, in one fixed order).
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "cpu/dispatch.h"
@@ -17,121 +17,143 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-constexpr int kTileRows = 4;
-// Up to this many activation rows, decoding the blocks once per 2 rows beats staging them once.
-constexpr int64_t kDecodeMaxRows = 4;
-constexpr int64_t kPrefetchTiles = 2;
+// One staged panel: the rows as stage_rows writes them, then transposed into the panel layout.
+struct PanelBuffer {
+  std::vector<int8_t> row_q, q;
+  std::vector<float> row_scale, row_offset, scale, offset;
 
-struct Staged {
-  std::vector<int8_t> q;
-  std::vector<float> scale, offset;
-  void resize(int64_t k) {
-    q.resize(kTileRows * k);
-    scale.resize(kTileRows * k / 16);
-    offset.resize(kTileRows * k / 16);
+  template <class D>
+  void stage(const QMatrix& w, int64_t row0) {
+    const int64_t k = w.cols, groups = k / 16;
+    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, w.rows - row0));
+    q.resize(groups * kPanelGroupBytes);
+    scale.resize(groups * kPanelRows);
+    offset.resize(groups * kPanelRows);
+    if (rows == kPanelRows && D::stages(w.format)) {
+      const uint8_t* at = w.data + row0 * w.row_bytes;
+      switch (w.format) {
+        case QFormat::kQ4_0: return D::template stage_blocks<QFormat::kQ4_0>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ4_1: return D::template stage_blocks<QFormat::kQ4_1>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ8_0: return D::template stage_blocks<QFormat::kQ8_0>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        default: break;
+      }
+    }
+    row_q.resize(kPanelRows * k);
+    row_scale.resize(kPanelRows * groups);
+    row_offset.resize(kPanelRows * groups);
+    stage_rows({w, row0, rows, row_q.data(), row_scale.data(), row_offset.data()});
+    if (rows < kPanelRows) {
+      std::fill(row_q.begin() + rows * k, row_q.end(), 0);
+      std::fill(row_scale.begin() + rows * groups, row_scale.end(), 0.f);
+      std::fill(row_offset.begin() + rows * groups, row_offset.end(), 0.f);
+    }
+    for (int64_t j = 0; j < groups; ++j) {
+      int8_t* dst = q.data() + j * kPanelGroupBytes;
+      for (int v = 0; v < 4; ++v)
+        for (int r = 0; r < kPanelRows; ++r) std::memcpy(dst + v * 64 + r * 4, row_q.data() + r * k + 16 * j + 4 * v, 4);
+      for (int r = 0; r < kPanelRows; ++r) {
+        scale[j * kPanelRows + r] = row_scale[r * groups + j];
+        offset[j * kPanelRows + r] = row_offset[r * groups + j];
+      }
+    }
   }
+  PanelRef ref() const { return {q.data(), scale.data(), offset.data()}; }
 };
 
-// Weight registers of a tile's row r for the step at value i, from the staged tile...
-template <class D, bool Signed>
-struct StagedRows {
-  const Staged& w;
-  int64_t k;
-  typename D::W load(int r, int64_t i, int n) const {
-    return D::template load_w<Signed>(w.q.data() + r * k + i, w.scale.data() + r * (k / 16) + i / 16,
-                                      w.offset.data() + r * (k / 16) + i / 16, n);
-  }
-};
+// Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
+// (at every matrix start, and again and again in small ones): ask for the next panel's bytes while
+// this one is staged and applied.
+void prefetch_panel(const QMatrix& w, int64_t row0) {
+  const int64_t rows = std::min<int64_t>(kPanelRows, w.rows - row0);
+  const uint8_t* at = w.data + row0 * w.row_bytes;
+  for (int64_t off = 0; off < rows * w.row_bytes; off += 64) __builtin_prefetch(at + off);
+}
 
-// ...or decoded from the matrix's own blocks.
-template <class D, QFormat F>
-struct RawRows {
-  static constexpr int64_t kBlockBytes = qformat_info(static_cast<int>(F)).block_bytes;  // 32 values
-  const QMatrix& w;
+struct Panel {
+  const QMatmulTarget* target;
   int64_t row0;
-  typename D::W load(int r, int64_t i, int n) const {
-    const uint8_t* row = w.data + (row0 + r) * w.row_bytes;
-    // The same bytes kPrefetchTiles tiles on: four rows read side by side are four streams that the
-    // hardware prefetcher picks up late, at every matrix start and again and again in small ones.
-    __builtin_prefetch(row + kPrefetchTiles * kTileRows * w.row_bytes + (i / 32) * kBlockBytes);
-    return D::template decode_w<F>(row, i, n);
-  }
 };
 
-// Output rows [row0, row0 + rows) of target t for activation rows [c0, c0 + C).
-template <class D, int C, bool Signed, class Rows>
-void tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows, int64_t c0) {
-  const int64_t k = a.k;
-  typename D::Acc acc[kTileRows][C];
-  for (int r = 0; r < kTileRows; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = D::zero();
-  for (int64_t i = 0; i < k; i += D::kValues) {
-    const int n = static_cast<int>(std::min<int64_t>(D::kValues, k - i));
-    typename D::X x[C];
-    for (int c = 0; c < C; ++c)
-      x[c] = D::load_x(a.xq + (c0 + c) * 2 * k + i, a.xq + (c0 + c) * 2 * k + k + i, a.xd + (c0 + c) * (k / 32) + i / 32,
-                       !Signed, n);
-    for (int r = 0; r < kTileRows; ++r) {
-      if (r >= rows) break;  // the matrix's last tile
-      const typename D::W wv = w.load(r, i, n);
-      for (int c = 0; c < C; ++c) D::template accumulate<Signed>(acc[r][c], wv, x[c]);
+// Panels p[0..R) (staged in buf) against every activation row, C rows at a time.
+template <class D, int R, bool Signed>
+void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
+  PanelRef w[R];
+  for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
+  const int64_t groups = a.k / 16;
+  float out[R * D::kTileCols * kPanelRows];
+  auto store = [&](int64_t c0, int cols) {
+    for (int r = 0; r < R; ++r) {
+      const QMatmulTarget& t = *p[r].target;
+      const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, t.w.rows - p[r].row0));
+      for (int c = 0; c < cols; ++c) {
+        float* dst = t.out + (c0 + c) * t.out_stride + p[r].row0;
+        const float* f = out + (r * cols + c) * kPanelRows;
+        for (int i = 0; i < rows; ++i) dst[i] = f[i] + (t.bias != nullptr ? t.bias[p[r].row0 + i] : 0.f);
+      }
     }
-  }
-  for (int c = 0; c < C; ++c) {
-    float* out = t.out + (c0 + c) * t.out_stride + row0;
-    for (int r = 0; r < rows; ++r) out[r] = D::reduce(acc[r][c]) + (t.bias != nullptr ? t.bias[row0 + r] : 0.f);
-  }
-}
-
-template <class D, bool Signed, class Rows>
-void apply_tile(const Rows& w, const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
+  };
   int64_t c0 = 0;
-  for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) tile<D, D::kTileCols, Signed>(w, a, t, row0, rows, c0);
-  for (; c0 < a.m; ++c0) tile<D, 1, Signed>(w, a, t, row0, rows, c0);
-}
-
-template <class D>
-void apply_raw_tile(const QMatmulArgs& a, const QMatmulTarget& t, int64_t row0, int rows) {
-  if constexpr (D::decodes(QFormat::kQ4_0)) {
-    switch (t.w.format) {
-      case QFormat::kQ4_0: return apply_tile<D, false>(RawRows<D, QFormat::kQ4_0>{t.w, row0}, a, t, row0, rows);
-      case QFormat::kQ4_1: return apply_tile<D, false>(RawRows<D, QFormat::kQ4_1>{t.w, row0}, a, t, row0, rows);
-      case QFormat::kQ8_0: return apply_tile<D, true>(RawRows<D, QFormat::kQ8_0>{t.w, row0}, a, t, row0, rows);
-      default: break;
-    }
+  for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) {
+    D::template tile<R, D::kTileCols, Signed>(w, x.data() + c0, groups, out);
+    store(c0, D::kTileCols);
+  }
+  for (; c0 < a.m; ++c0) {
+    D::template tile<R, 1, Signed>(w, x.data() + c0, groups, out);
+    store(c0, 1);
   }
 }
 
 template <class D>
 void run(const QMatmulArgs& a) {
-  // Tiles of every target, back to back: target j owns tiles [first[j], first[j + 1]).
-  int64_t first[kMaxQMatmulTargets + 1] = {0};
-  bool signed_q[kMaxQMatmulTargets] = {}, raw[kMaxQMatmulTargets] = {};
-  for (int j = 0; j < a.num_targets; ++j) {
-    first[j + 1] = first[j] + (a.targets[j].w.rows + kTileRows - 1) / kTileRows;
-    signed_q[j] = qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
-    raw[j] = a.m <= kDecodeMaxRows && D::decodes(a.targets[j].w.format);
+  const int64_t k = a.k, groups = k / 16;
+  // Activation sums per 16 values, shared by every panel.
+  std::vector<float> sums(a.m * groups);
+  std::vector<ActRef> x(a.m);
+  for (int64_t c = 0; c < a.m; ++c) {
+    const int8_t* hi = a.xq + c * 2 * k;
+    const int8_t* lo = hi + k;
+    const float* d = a.xd + c * (k / 32);
+    for (int64_t j = 0; j < groups; ++j) {
+      int32_t s = 0;
+      for (int i = 16 * j; i < 16 * j + 16; ++i) s += 128 * hi[i] + lo[i];
+      sums[c * groups + j] = static_cast<float>(s) * d[j / 2];
+    }
+    x[c] = {hi, lo, d, sums.data() + c * groups};
   }
-  const int64_t tiles = first[a.num_targets];
-  const int64_t threads = std::min<int64_t>(get_num_threads(), tiles);
-  const int64_t per = (tiles + threads - 1) / threads;
+  // Panels of every target, back to back: target j owns panels [first[j], first[j + 1]).
+  int64_t first[kMaxQMatmulTargets + 1] = {0};
+  for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
+  const int64_t panels = first[a.num_targets];
+  const int64_t threads = std::min<int64_t>(get_num_threads(), panels);
+  const int64_t per = (panels + threads - 1) / threads;
   parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
-    Staged staged;
-    staged.resize(a.k);
+    PanelBuffer buf[D::kTilePanels];
     for (int64_t th = tb; th < te; ++th) {
-      for (int64_t ti = th * per; ti < std::min(tiles, (th + 1) * per); ++ti) {
+      const int64_t end = std::min(panels, (th + 1) * per);
+      for (int64_t pi = th * per; pi < end;) {
+        Panel p[D::kTilePanels];
+        int n = 0;
         int j = 0;
-        while (ti >= first[j + 1]) ++j;
-        const QMatmulTarget& t = a.targets[j];
-        const int64_t row0 = (ti - first[j]) * kTileRows;
-        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, t.w.rows - row0));
-        if (raw[j]) {
-          apply_raw_tile<D>(a, t, row0, rows);
-          continue;
+        while (pi >= first[j + 1]) ++j;
+        // Panels of one target, so that they share a format.
+        for (; n < D::kTilePanels && pi < end && pi < first[j + 1]; ++n, ++pi) {
+          p[n] = {&a.targets[j], (pi - first[j]) * kPanelRows};
+          buf[n].template stage<D>(a.targets[j].w, p[n].row0);
         }
-        stage_rows({t.w, row0, rows, staged.q.data(), staged.scale.data(), staged.offset.data()});
-        if (signed_q[j]) apply_tile<D, true>(StagedRows<D, true>{staged, a.k}, a, t, row0, rows);
-        else apply_tile<D, false>(StagedRows<D, false>{staged, a.k}, a, t, row0, rows);
+        for (int64_t pn = pi, jn = j; pn < std::min(end, pi + D::kTilePanels); ++pn) {
+          while (pn >= first[jn + 1]) ++jn;
+          prefetch_panel(a.targets[jn].w, (pn - first[jn]) * kPanelRows);
+        }
+        const bool signed_q = qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
+        if (n == D::kTilePanels && D::kTilePanels > 1) {
+          if (signed_q) apply<D, D::kTilePanels, true>(p, buf, a, x);
+          else apply<D, D::kTilePanels, false>(p, buf, a, x);
+        } else {
+          for (int r = 0; r < n; ++r) {
+            if (signed_q) apply<D, 1, true>(p + r, buf + r, a, x);
+            else apply<D, 1, false>(p + r, buf + r, a, x);
+          }
+        }
       }
     }
   });
@@ -151,9 +173,9 @@ void quantize_activations(const QuantizeActivationsArgs& a) {
 
 void qmatmul(const QMatmulArgs& a) {
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  if (cpu_has_avx512_vnni()) return run<Int8Dot<true>>(a);
+  if (cpu_has_avx512_vnni()) return run<Int8Panel<true>>(a);
 #endif
-  run<Int8Dot<false>>(a);
+  run<Int8Panel<false>>(a);
 }
 
 }  // namespace MINDIE_ISA_NS

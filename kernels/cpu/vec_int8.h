@@ -1,14 +1,17 @@
 // Int8 dot products for the quantized matmul (quant_matmul.cpp), one struct per ISA variant: the
 // only other file with intrinsics besides vec.h. Activations come as two int8 planes, x = d * (128 *
-// hi + lo) (see quantize_block32), so an int32 lane dot is 128 * dot(w, hi) + dot(w, lo), exact.
-// A *step* covers kValues weights of one staged row (see quant.h) against the same kValues
-// activations; accumulate<Signed>() adds
-//   sum over 4-value lanes of  float(int32 lane dot) * (weight scale * activation scale)
-//   + weight offset * activation lane sum        (unsigned q only; signed q has no offset)
-// into a float accumulator, always with the same operations in the same order, so that an output
-// element is reduced identically wherever it is computed. Unsigned q goes straight into the
-// unsigned operand of the byte products; signed q (Q8_0) goes in as |q| with its sign moved onto
-// the activations.
+// hi + lo) (see quantize_block32).
+//
+// The weights are read as *panels*: 16 rows side by side, so that a vector lane is an output row
+// (see PanelRef). Int8Panel::tile computes, for each output element (weight row r, activation row c),
+//   f = 0;  for each 16-value group j in order:
+//     s = sum over the group of q * (128 * hi + lo)                        (exact int32)
+//     f = fma(float(s), scale_j * d_c(j / 2), f)
+//     f = fma(offset_j, sum_c(j), f)        (unsigned q only; sum_c(j) = d * sum of 128 * hi + lo)
+// one scalar chain per element in one lane, whatever the ISA's vector width, the tile shape or the
+// thread split: an output element is reduced identically wherever it is computed. Unsigned q goes
+// straight into the unsigned operand of the byte products; signed q (Q8_0) goes in as |q| with its
+// sign moved onto the activations.
 #pragma once
 
 #include <cmath>
@@ -21,7 +24,25 @@
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
-// Block decoding helpers (quant_stage.cpp and Int8Dot::decode_w): 16 bytes of nibbles to 32 int8 values (low nibbles first);
+// A panel: weight rows [row0, row0 + 16) side by side. For 16-value group j, q holds four 64-byte
+// vectors whose 4-byte lane r is values 4v..4v+3 of the group in row r (kPanelGroupBytes per group),
+// scale and offset hold the group's 16 row values. Rows past the matrix's end are zero.
+constexpr int kPanelRows = 16;
+constexpr int64_t kPanelGroupBytes = 16 * kPanelRows;
+struct PanelRef {
+  const int8_t* q;
+  const float* scale;
+  const float* offset;
+};
+// One activation row: its two planes, d per 32 values and d * sum(128 * hi + lo) per 16.
+struct ActRef {
+  const int8_t* hi;
+  const int8_t* lo;
+  const float* d;
+  const float* sum;
+};
+
+// Block decoding helpers (quant_stage.cpp): 16 bytes of nibbles to 32 int8 values (low nibbles first);
 // and a GGUF half-precision scale.
 #if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
 inline void unpack_nibbles(const uint8_t* qs, int8_t* q) {
@@ -51,98 +72,128 @@ inline float half_to_float(const uint8_t* p) {
 
 #if defined(MINDIE_ISA_AVX512)
 
-// Two 32-value blocks per step; 16 lanes of 4 values each. Vnni: vpdpbusd, else vpmaddubsw+vpmaddwd
-// (the same exact int32 sums either way).
+// AVX-512: a panel's 16 rows are one vector's 16 int32 lanes. Vnni: vpdpbusd, else
+// vpmaddubsw + vpmaddwd (the same exact int32 sums either way).
 template <bool Vnni>
-struct Int8Dot {
-  static constexpr int kValues = 64;
-  // Activation rows per register tile: 4 x 3 accumulators and three activation steps fit the 32
-  // vector registers (4 x 4 spills; 4 x 3 runs the prefill GEMM 1.2x faster than 4 x 2).
-  static constexpr int kTileCols = 3;
-  struct Acc { __m512 v; };
-  struct W { __m512i q; __mmask64 neg; __m512 scale, offset; };
-  struct X { __m512i hi, lo; __m512 d, sum; };
+struct Int8Panel {
+  // Panels x activation rows per register tile: 2 x 4 int32 and float accumulators, two weight
+  // vectors and a broadcast fit the 32 vector registers.
+  static constexpr int kTilePanels = 2;
+  static constexpr int kTileCols = 4;
 
-  static __mmask64 value_mask(int n) { return n >= 64 ? ~0ULL : (1ULL << n) - 1ULL; }
-  static __m512i dot(__m512i u, __m512i s) {
-    if constexpr (Vnni) return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-    else return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+  static __m512i dot(__m512i acc, __m512i u, __m512i s) {
+    if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
+    else return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
   }
-  static Acc zero() { return {_mm512_setzero_ps()}; }
-  // The per-16 scales (and offsets) of the step, one per 4-value lane.
-  static __m512 per_lane16(const float* v, int n) {
-    const __m512i by4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    return _mm512_permutexvar_ps(by4, _mm512_maskz_loadu_ps(n >= 64 ? 0xF : 0x3, v));
+  static __m512i broadcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
   }
-  template <bool Signed>
-  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int n) {
-    const __m512i qv = _mm512_maskz_loadu_epi8(value_mask(n), q);
-    if constexpr (Signed) return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv), per_lane16(scale16, n), _mm512_setzero_ps()};
-    else return {qv, 0, per_lane16(scale16, n), per_lane16(offset16, n)};
-  }
-  // 128 * dot(u, hi) + dot(u, lo), exact in int32.
-  static __m512i dot2(__m512i u, __m512i hi, __m512i lo) {
-    const __m512i h = _mm512_slli_epi32(dot(u, hi), 7);
-    if constexpr (Vnni) return _mm512_dpbusd_epi32(h, u, lo);
-    else return _mm512_add_epi32(h, dot(u, lo));
-  }
-  static X load_x(const int8_t* hi, const int8_t* lo, const float* d32, bool with_sum, int n) {
-    const __m512i h = _mm512_maskz_loadu_epi8(value_mask(n), hi), l = _mm512_maskz_loadu_epi8(value_mask(n), lo);
-    const __m512i by8 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512 d = _mm512_permutexvar_ps(by8, _mm512_maskz_loadu_ps(n >= 64 ? 0x3 : 0x1, d32));
-    __m512 sum = _mm512_setzero_ps();
-    if (with_sum) sum = _mm512_mul_ps(_mm512_cvtepi32_ps(dot2(_mm512_set1_epi8(1), h, l)), d);
-    return {h, l, d, sum};
-  }
-  template <bool Signed>
-  static void accumulate(Acc& acc, const W& w, const X& x) {
-    __m512i hi = x.hi, lo = x.lo;
-    if constexpr (Signed) {
-      const __m512i zero = _mm512_setzero_si512();
-      hi = _mm512_mask_sub_epi8(hi, w.neg, zero, hi);
-      lo = _mm512_mask_sub_epi8(lo, w.neg, zero, lo);
+  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
+
+  // Full panels of Q4_0, Q4_1 and Q8_0 staged straight from their blocks (rows at row_bytes apart):
+  // the same panel, byte for byte, as stage_rows followed by the transpose in quant_matmul.cpp.
+  static constexpr bool stages(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
+  // 16 rows' 16-byte runs at `at` (row r at at + r * row_bytes) -> four vectors, vector v's lane r
+  // holding dword v of row r.
+  static void transpose16x4(const uint8_t* at, int64_t row_bytes, __m512i out[4]) {
+    const __m512i by_dword = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i t[4];
+    for (int g = 0; g < 4; ++g) {
+      const uint8_t* r0 = at + 4 * g * row_bytes;
+      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + row_bytes)), 1);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 2 * row_bytes)), 2);
+      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 3 * row_bytes)), 3);
+      t[g] = _mm512_permutexvar_epi32(by_dword, v);  // 128-bit lane v: dword v of the four rows
     }
-    const __m512 f = _mm512_cvtepi32_ps(dot2(w.q, hi, lo));
-    acc.v = _mm512_fmadd_ps(f, _mm512_mul_ps(w.scale, x.d), acc.v);
-    if constexpr (!Signed) acc.v = _mm512_fmadd_ps(w.offset, x.sum, acc.v);
+    const __m512i lo01 = _mm512_shuffle_i32x4(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i lo23 = _mm512_shuffle_i32x4(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i hi01 = _mm512_shuffle_i32x4(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i hi23 = _mm512_shuffle_i32x4(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2));
+    out[0] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0));
+    out[1] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1));
+    out[2] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0));
+    out[3] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));
   }
-  static float reduce(const Acc& acc) { return _mm512_reduce_add_ps(acc.v); }
-
-  // A step of raw GGUF blocks decoded straight into registers (quant_matmul.cpp's GEMV path): the
-  // same W, lane for lane and bit for bit, as staging the blocks and load_w.
-  static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
   template <QFormat F>
-  static W decode_w(const uint8_t* row, int64_t i, int n) {
+  static void stage_blocks(const uint8_t* rows, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale, float* offset) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;  // d (and Q4_1's min) as halves
-    const uint8_t* b0 = row + (i / 32) * kBytes;
-    const uint8_t* b1 = b0 + kBytes;
-    const bool two = n > 32;
-    uint32_t h0 = 0, h1 = 0;
-    std::memcpy(&h0, b0, kHeader);
-    if (two) std::memcpy(&h1, b1, kHeader);
-    const __m512 dm = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_setr_epi32(static_cast<int>(h0), static_cast<int>(h1), 0, 0)));
-    const __m512 scale = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2), dm);
-    if constexpr (F == QFormat::kQ8_0) {
-      const __m256i q0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2));
-      const __m256i q1 = two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b1 + 2)) : _mm256_setzero_si256();
-      const __m512i qv = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
-      return {_mm512_abs_epi8(qv), _mm512_movepi8_mask(qv), scale, _mm512_setzero_ps()};
-    } else {
-      const __m128i n0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kHeader));
-      const __m128i n1 = two ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + kHeader)) : _mm_setzero_si128();
-      const __m256i y = _mm256_inserti128_si256(_mm256_castsi128_si256(n0), n1, 1);
-      // [n0, n1, n0 >> 4, n1 >> 4] reordered to value order [n0 & 15, n0 >> 4, n1 & 15, n1 >> 4]
-      const __m512i z = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1),
-                                         _mm512_set1_epi8(0x0F));
-      const __m512i qv = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-      __m512 offset;
-      if constexpr (F == QFormat::kQ4_1)
-        offset = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3), dm);
-      else  // -8 * d; the lanes of a missing block stay +0 as staging leaves them
-        offset = _mm512_maskz_mul_ps(two ? 0xFFFF : 0x00FF, scale, _mm512_set1_ps(-8.f));
-      return {qv, 0, scale, offset};
+    const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* at = rows + b * kBytes;
+      const __m512i header = _mm512_i32gather_epi32(row_at, at, 1);
+      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
+      __m512 o;
+      if constexpr (F == QFormat::kQ4_1) o = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
+      else if constexpr (F == QFormat::kQ4_0) o = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+      else o = _mm512_setzero_ps();
+      for (int g = 0; g < 2; ++g) {
+        _mm512_storeu_ps(scale + (2 * b + g) * 16, d);
+        _mm512_storeu_ps(offset + (2 * b + g) * 16, o);
+      }
+      __m512i v[4];
+      int8_t* dst = q + 2 * b * kPanelGroupBytes;
+      if constexpr (F == QFormat::kQ8_0) {
+        for (int g = 0; g < 2; ++g) {
+          transpose16x4(at + kHeader + 16 * g, row_bytes, v);
+          for (int i = 0; i < 4; ++i) _mm512_storeu_si512(dst + g * kPanelGroupBytes + 64 * i, v[i]);
+        }
+      } else {
+        transpose16x4(at + kHeader, row_bytes, v);
+        const __m512i mask = _mm512_set1_epi8(0x0F);
+        for (int i = 0; i < 4; ++i) {
+          _mm512_storeu_si512(dst + 64 * i, _mm512_and_si512(v[i], mask));
+          _mm512_storeu_si512(dst + kPanelGroupBytes + 64 * i, _mm512_and_si512(_mm512_srli_epi16(v[i], 4), mask));
+        }
+      }
     }
+  }
+  template <int R, int C, bool Signed>
+  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+    __m512 f[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < groups; ++j) {
+      __m512i acc[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+      for (int plane = 0; plane < 2; ++plane) {
+        if (plane == 1)
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
+        for (int v = 0; v < 4; ++v) {
+          __m512i wq[R];
+          __mmask64 neg[R];
+          for (int r = 0; r < R; ++r) {
+            wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupBytes + v * 64);
+            if constexpr (Signed) {
+              neg[r] = _mm512_movepi8_mask(wq[r]);
+              wq[r] = _mm512_abs_epi8(wq[r]);
+            }
+          }
+          for (int c = 0; c < C; ++c) {
+            const __m512i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+            for (int r = 0; r < R; ++r) {
+              if constexpr (Signed) acc[r][c] = dot(acc[r][c], wq[r], _mm512_mask_sub_epi8(b, neg[r], _mm512_setzero_si512(), b));
+              else acc[r][c] = dot(acc[r][c], wq[r], b);
+            }
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
+        for (int c = 0; c < C; ++c) {
+          f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), f[r][c]);
+          if constexpr (!Signed) f[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].sum[j]), f[r][c]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
 };
 
@@ -166,67 +217,119 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 
 #elif defined(MINDIE_ISA_AVX2)
 
-// One 32-value block per step; 8 lanes of 4 values each (lanes 0-3 use the first 16-value scale).
+// AVX2: a panel's 16 rows are two vectors of 8 int32 lanes (rows 0-7, 8-15).
 template <bool Vnni>
-struct Int8Dot {
-  static constexpr int kValues = 32;
+struct Int8Panel {
+  static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;  // 16 vector registers
-  struct Acc { __m256 v; };
-  struct W { __m256i q, sign; __m256 scale, offset; };
-  struct X { __m256i hi, lo; __m256 d, sum; };
 
-  static __m256i dot(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  static __m256i dot(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
   }
-  static __m256i dot2(__m256i u, __m256i hi, __m256i lo) {
-    return _mm256_add_epi32(_mm256_slli_epi32(dot(u, hi), 7), dot(u, lo));
+  static __m256i broadcast4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
   }
-  static Acc zero() { return {_mm256_setzero_ps()}; }
-  static __m256 per_lane16(const float* v) { return _mm256_set_m128(_mm_set1_ps(v[1]), _mm_set1_ps(v[0])); }
-  template <bool Signed>
-  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int) {
-    const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    if constexpr (Signed) return {_mm256_abs_epi8(qv), qv, per_lane16(scale16), _mm256_setzero_ps()};
-    else return {qv, qv, per_lane16(scale16), per_lane16(offset16)};
-  }
-  static X load_x(const int8_t* hi, const int8_t* lo, const float* d32, bool with_sum, int) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi));
-    const __m256i l = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo));
-    const __m256 d = _mm256_set1_ps(d32[0]);
-    __m256 sum = _mm256_setzero_ps();
-    if (with_sum) sum = _mm256_mul_ps(_mm256_cvtepi32_ps(dot2(_mm256_set1_epi8(1), h, l)), d);
-    return {h, l, d, sum};
-  }
-  template <bool Signed>
-  static void accumulate(Acc& acc, const W& w, const X& x) {
-    __m256i hi = x.hi, lo = x.lo;
-    if constexpr (Signed) {
-      hi = _mm256_sign_epi8(hi, w.sign);
-      lo = _mm256_sign_epi8(lo, w.sign);
+
+  // See the AVX-512 variant: rows 0-7 and 8-15 are transposed as two halves.
+  static constexpr bool stages(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
+  // 8 rows' 16-byte runs -> four vectors, vector v's lane r holding dword v of row r.
+  static void transpose8x4(const uint8_t* at, int64_t row_bytes, __m256i out[4]) {
+    const __m256i by_dword = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i t[4];
+    for (int p = 0; p < 4; ++p) {
+      const uint8_t* r0 = at + 2 * p * row_bytes;
+      const __m256i v = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + row_bytes)),
+                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
+      t[p] = _mm256_permutevar8x32_epi32(v, by_dword);  // qword v: dword v of the two rows
     }
-    const __m256 f = _mm256_cvtepi32_ps(dot2(w.q, hi, lo));
-    acc.v = _mm256_fmadd_ps(f, _mm256_mul_ps(w.scale, x.d), acc.v);
-    if constexpr (!Signed) acc.v = _mm256_fmadd_ps(w.offset, x.sum, acc.v);
+    const __m256i lo01 = _mm256_unpacklo_epi64(t[0], t[1]), hi01 = _mm256_unpackhi_epi64(t[0], t[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi64(t[2], t[3]), hi23 = _mm256_unpackhi_epi64(t[2], t[3]);
+    out[0] = _mm256_permute2x128_si256(lo01, lo23, 0x20);
+    out[1] = _mm256_permute2x128_si256(hi01, hi23, 0x20);
+    out[2] = _mm256_permute2x128_si256(lo01, lo23, 0x31);
+    out[3] = _mm256_permute2x128_si256(hi01, hi23, 0x31);
   }
-  static float reduce(const Acc& acc) { return VecF(acc.v).reduce_add(); }
-
-  // See the AVX-512 variant: one block per step here.
-  static constexpr bool decodes(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
   template <QFormat F>
-  static W decode_w(const uint8_t* row, int64_t i, int) {
+  static void stage_blocks(const uint8_t* rows, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale, float* offset) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
-    const uint8_t* b = row + (i / 32) * kBytes;
-    const __m256 d = _mm256_set1_ps(half_to_float(b));
-    if constexpr (F == QFormat::kQ8_0) {
-      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-      return {_mm256_abs_epi8(qv), qv, d, _mm256_setzero_ps()};
-    } else {
-      constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-      const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
-      const __m256i qv = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), _mm256_set1_epi8(0x0F));
-      const __m256 offset = F == QFormat::kQ4_1 ? _mm256_set1_ps(half_to_float(b + 2)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-      return {qv, qv, d, offset};
+    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* at = rows + b * kBytes;
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* half = at + 8 * h * row_bytes;
+        alignas(32) float d[8], o[8];
+        for (int r = 0; r < 8; ++r) {
+          d[r] = half_to_float(half + r * row_bytes);
+          if constexpr (F == QFormat::kQ4_1) o[r] = half_to_float(half + r * row_bytes + 2);
+          else if constexpr (F == QFormat::kQ4_0) o[r] = -8.f * d[r];
+          else o[r] = 0.f;
+        }
+        for (int g = 0; g < 2; ++g) {
+          std::memcpy(scale + (2 * b + g) * 16 + 8 * h, d, sizeof d);
+          std::memcpy(offset + (2 * b + g) * 16 + 8 * h, o, sizeof o);
+        }
+        __m256i v[4];
+        int8_t* dst = q + 2 * b * kPanelGroupBytes + 32 * h;
+        if constexpr (F == QFormat::kQ8_0) {
+          for (int g = 0; g < 2; ++g) {
+            transpose8x4(half + kHeader + 16 * g, row_bytes, v);
+            for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + g * kPanelGroupBytes + 64 * i), v[i]);
+          }
+        } else {
+          transpose8x4(half + kHeader, row_bytes, v);
+          const __m256i mask = _mm256_set1_epi8(0x0F);
+          for (int i = 0; i < 4; ++i) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * i), _mm256_and_si256(v[i], mask));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kPanelGroupBytes + 64 * i),
+                                _mm256_and_si256(_mm256_srli_epi16(v[i], 4), mask));
+          }
+        }
+      }
     }
+  }
+  template <int R, int C, bool Signed>
+  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+    __m256 f[R][C][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) f[r][c][0] = f[r][c][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < groups; ++j) {
+      __m256i acc[R][C][2];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
+      for (int plane = 0; plane < 2; ++plane) {
+        if (plane == 1)
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c)
+              for (int h = 0; h < 2; ++h) acc[r][c][h] = _mm256_slli_epi32(acc[r][c][h], 7);
+        for (int v = 0; v < 4; ++v) {
+          __m256i wq[R][2];
+          for (int r = 0; r < R; ++r)
+            for (int h = 0; h < 2; ++h)
+              wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + j * kPanelGroupBytes + v * 64 + 32 * h));
+          for (int c = 0; c < C; ++c) {
+            const __m256i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+            for (int r = 0; r < R; ++r)
+              for (int h = 0; h < 2; ++h) {
+                if constexpr (Signed) acc[r][c][h] = dot(acc[r][c][h], _mm256_abs_epi8(wq[r][h]), _mm256_sign_epi8(b, wq[r][h]));
+                else acc[r][c][h] = dot(acc[r][c][h], wq[r][h], b);
+              }
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const __m256 scale = _mm256_loadu_ps(w[r].scale + 16 * j + 8 * h), offset = _mm256_loadu_ps(w[r].offset + 16 * j + 8 * h);
+          for (int c = 0; c < C; ++c) {
+            f[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][c][h]), _mm256_mul_ps(scale, _mm256_set1_ps(x[c].d[j / 2])), f[r][c][h]);
+            if constexpr (!Signed) f[r][c][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x[c].sum[j]), f[r][c][h]);
+          }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
   }
 };
 
@@ -261,42 +364,33 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 #else  // scalar
 
 template <bool Vnni>
-struct Int8Dot {
-  static constexpr int kValues = 32;
+struct Int8Panel {
+  static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;
-  struct Acc { float v; };
-  struct W { const int8_t* q; float scale[2], offset[2]; };
-  struct X { const int8_t* hi; const int8_t* lo; float d, sum[2]; };
 
-  static Acc zero() { return {0.f}; }
-  template <bool Signed>
-  static W load_w(const int8_t* q, const float* scale16, const float* offset16, int) {
-    return {q, {scale16[0], scale16[1]}, {offset16[0], offset16[1]}};
-  }
-  static X load_x(const int8_t* hi, const int8_t* lo, const float* d32, bool with_sum, int) {
-    X x{hi, lo, d32[0], {0.f, 0.f}};
-    if (with_sum)
-      for (int g = 0; g < 2; ++g) {
-        int32_t s = 0;
-        for (int i = 16 * g; i < 16 * g + 16; ++i) s += 128 * hi[i] + lo[i];
-        x.sum[g] = static_cast<float>(s) * x.d;
-      }
-    return x;
-  }
-  template <bool Signed>
-  static void accumulate(Acc& acc, const W& w, const X& x) {
-    for (int g = 0; g < 2; ++g) {
-      int32_t s = 0;
-      for (int i = 16 * g; i < 16 * g + 16; ++i) s += static_cast<int32_t>(w.q[i]) * (128 * x.hi[i] + x.lo[i]);
-      acc.v += static_cast<float>(s) * (w.scale[g] * x.d);
-      if constexpr (!Signed) acc.v += w.offset[g] * x.sum[g];
-    }
-  }
-  static float reduce(const Acc& acc) { return acc.v; }
 
-  static constexpr bool decodes(QFormat) { return false; }  // scalar rows are always staged
+  static constexpr bool stages(QFormat) { return false; }  // scalar panels always go through stage_rows
   template <QFormat F>
-  static W decode_w(const uint8_t*, int64_t, int);
+  static void stage_blocks(const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
+  template <int R, int C, bool Signed>
+  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int lane = 0; lane < kPanelRows; ++lane) {
+          float f = 0.f;
+          for (int64_t j = 0; j < groups; ++j) {
+            int32_t hi = 0, lo = 0;
+            for (int i = 0; i < 16; ++i) {
+              const int32_t q = w[r].q[j * kPanelGroupBytes + (i / 4) * 64 + lane * 4 + i % 4];
+              hi += q * x[c].hi[16 * j + i];
+              lo += q * x[c].lo[16 * j + i];
+            }
+            f = std::fma(static_cast<float>(hi * 128 + lo), w[r].scale[16 * j + lane] * x[c].d[j / 2], f);
+            if constexpr (!Signed) f = std::fma(w[r].offset[16 * j + lane], x[c].sum[j], f);
+          }
+          out[(r * C + c) * 16 + lane] = f;
+        }
+  }
 };
 
 inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
