@@ -23,7 +23,7 @@ struct PanelBuffer {
   std::vector<float> row_scale, row_offset, scale, offset;
 
   template <class D>
-  void stage(const QMatrix& w, int64_t row0) {
+  void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
     const int64_t k = w.cols, groups = k / 16;
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, w.rows - row0));
     q.resize(groups * kPanelGroupBytes);
@@ -32,9 +32,9 @@ struct PanelBuffer {
     if (rows == kPanelRows && D::stages(w.format)) {
       const uint8_t* at = w.data + row0 * w.row_bytes;
       switch (w.format) {
-        case QFormat::kQ4_0: return D::template stage_blocks<QFormat::kQ4_0>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
-        case QFormat::kQ4_1: return D::template stage_blocks<QFormat::kQ4_1>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
-        case QFormat::kQ8_0: return D::template stage_blocks<QFormat::kQ8_0>(at, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ4_0: return D::template stage_blocks<QFormat::kQ4_0>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ4_1: return D::template stage_blocks<QFormat::kQ4_1>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ8_0: return D::template stage_blocks<QFormat::kQ8_0>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
         default: break;
       }
     }
@@ -61,8 +61,8 @@ struct PanelBuffer {
 };
 
 // Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
-// (at every matrix start, and again and again in small ones): ask for the next panel's bytes while
-// this one is staged and applied.
+// (at every matrix start, and again and again in small ones). A thread asks for its first panels
+// at once; staging a panel then prefetches, block by block, the panel it stages next.
 void prefetch_panel(const QMatrix& w, int64_t row0) {
   const int64_t rows = std::min<int64_t>(kPanelRows, w.rows - row0);
   const uint8_t* at = w.data + row0 * w.row_bytes;
@@ -129,8 +129,17 @@ void run(const QMatmulArgs& a) {
   parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
     PanelBuffer buf[D::kTilePanels];
     for (int64_t th = tb; th < te; ++th) {
-      const int64_t end = std::min(panels, (th + 1) * per);
-      for (int64_t pi = th * per; pi < end;) {
+      const int64_t begin = th * per, end = std::min(panels, (th + 1) * per);
+      auto locate = [&](int64_t pn) {
+        int jn = 0;
+        while (pn >= first[jn + 1]) ++jn;
+        return Panel{&a.targets[jn], (pn - first[jn]) * kPanelRows};
+      };
+      for (int64_t pn = begin; pn < std::min(end, begin + D::kTilePanels); ++pn) {
+        const Panel p = locate(pn);
+        prefetch_panel(p.target->w, p.row0);
+      }
+      for (int64_t pi = begin; pi < end;) {
         Panel p[D::kTilePanels];
         int n = 0;
         int j = 0;
@@ -138,11 +147,12 @@ void run(const QMatmulArgs& a) {
         // Panels of one target, so that they share a format.
         for (; n < D::kTilePanels && pi < end && pi < first[j + 1]; ++n, ++pi) {
           p[n] = {&a.targets[j], (pi - first[j]) * kPanelRows};
-          buf[n].template stage<D>(a.targets[j].w, p[n].row0);
-        }
-        for (int64_t pn = pi, jn = j; pn < std::min(end, pi + D::kTilePanels); ++pn) {
-          while (pn >= first[jn + 1]) ++jn;
-          prefetch_panel(a.targets[jn].w, (pn - first[jn]) * kPanelRows);
+          const uint8_t* next = nullptr;  // the panel staged kTilePanels on, when it is a whole one
+          if (pi + D::kTilePanels < end) {
+            const Panel pn = locate(pi + D::kTilePanels);
+            if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
+          }
+          buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
         }
         const bool signed_q = qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
         if (n == D::kTilePanels && D::kTilePanels > 1) {

@@ -118,13 +118,16 @@ struct Int8Panel {
     out[3] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));
   }
   template <QFormat F>
-  static void stage_blocks(const uint8_t* rows, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale, float* offset) {
+  static void stage_blocks(const uint8_t* rows, const uint8_t* next, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale,
+                           float* offset) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;  // d (and Q4_1's min) as halves
     const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                               _mm512_set1_epi32(static_cast<int>(row_bytes)));
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* at = rows + b * kBytes;
+      if (next != nullptr)
+        for (int r = 0; r < kPanelRows; ++r) __builtin_prefetch(next + r * row_bytes + b * kBytes);
       const __m512i header = _mm512_i32gather_epi32(row_at, at, 1);
       const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
       __m512 o;
@@ -252,11 +255,14 @@ struct Int8Panel {
     out[3] = _mm256_permute2x128_si256(hi01, hi23, 0x31);
   }
   template <QFormat F>
-  static void stage_blocks(const uint8_t* rows, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale, float* offset) {
+  static void stage_blocks(const uint8_t* rows, const uint8_t* next, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale,
+                           float* offset) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* at = rows + b * kBytes;
+      if (next != nullptr)
+        for (int r = 0; r < kPanelRows; ++r) __builtin_prefetch(next + r * row_bytes + b * kBytes);
       for (int h = 0; h < 2; ++h) {
         const uint8_t* half = at + 8 * h * row_bytes;
         alignas(32) float d[8], o[8];
@@ -371,7 +377,7 @@ struct Int8Panel {
 
   static constexpr bool stages(QFormat) { return false; }  // scalar panels always go through stage_rows
   template <QFormat F>
-  static void stage_blocks(const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
+  static void stage_blocks(const uint8_t*, const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
   template <int R, int C, bool Signed>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)
