@@ -78,8 +78,8 @@ template <bool Vnni>
 struct Int8Panel {
   // Panels x activation rows per register tile: 2 x 4 int32 and float accumulators, two weight
   // vectors and a broadcast fit the 32 vector registers.
-  static constexpr int kTilePanels = 2;
-  static constexpr int kTileCols = 4;
+  static constexpr int kTilePanels = 1;
+  static constexpr int kTileCols = 8;
 
   static __m512i dot(__m512i acc, __m512i u, __m512i s) {
     if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
