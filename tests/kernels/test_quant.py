@@ -73,8 +73,9 @@ def test_qmatmul_matches_reference(isa, fmt, m, n):
 
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
 def test_qmatmul_rows_are_batch_invariant(isa, fmt):
-    """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (few rows read
-    the blocks directly, many stage them), and with one kernel thread or several."""
+    """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (every register
+    tile shape and tail), and with one kernel thread or several; 45 weight rows end in a partial panel,
+    which is staged through stage_rows while the whole ones are staged from their blocks."""
     threads = _C.get_num_threads()
     try:
         for k in cols_for(fmt)[1:]:  # an odd count of 32-value blocks, then a longer row
