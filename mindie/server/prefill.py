@@ -1,0 +1,117 @@
+"""P's side of a disaggregated request: every inference route, on a prefill node.
+
+The family's own parse runs as on one instance; the request runs to its first token and the
+family's renderer renders what a single instance would have streamed so far. If the request
+ended there (one token, EOS, a stop) P answers the whole result and nothing goes to D. Otherwise
+the engine has pinned the prompt's KV blocks (`RequestOutput.kv`); P publishes them on its KV
+transport under the req-id, holds them under a lease, tells D everything it needs to continue
+(`POST /pd/v1/decode`), and only once D has accepted answers the coordinator:
+`{"reqId", "isStream": true, "isLastResp": false, "output": "<events>"}`, or for a non-stream
+request `{"reqId", "isStream": false}`.
+
+A call P cannot hand off as one sequence (several prompts, n or best_of > 1, beam search) runs to
+its end on P and is answered whole, as one that ended at its first token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mindie.pd.http import PeerError, post_json
+from mindie.pd.params import DecodeParams
+from mindie.server.dmi import parse_headers
+from mindie.server.errors import APIError
+from mindie.server.protocols.base import Call, Renderer, dumps
+from mindie.server.responses import json_response
+from mindie.server.results import Result, StreamItem
+from mindie.server.streams import merge
+
+if TYPE_CHECKING:
+    from mindie.server.handler import Parse
+    from mindie.server.serving import Serving
+
+
+def _can_hand_off(call: Call) -> bool:
+    if len(call.requests) != 1:
+        return False
+    params = call.requests[0].params
+    return params.num_samples == 1 and not params.use_beam_search
+
+
+async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> Response:
+    node = ctx.pd
+    assert node is not None
+    node.check_inference()
+    headers = parse_headers(request, ctx.settings.inter_comm_port)
+    if headers.d_host not in node.peers:
+        raise APIError(400, f"Parameter d-target {headers.d_host} is not a decode peer of this instance "
+                            "(see /v1/role)", "d-target")
+    call, renderer = await parse(ctx, body, request.path_params)
+    if _can_hand_off(call):
+        call = dataclasses.replace(call, requests=[dataclasses.replace(call.requests[0], handoff=True)])
+    started = time.time()
+    streams = await ctx.start(call, request_id=headers.req_id)
+    results = [Result.empty(s.request_id, s.request.params) for s in streams]
+    items: list[tuple[int, StreamItem]] = []
+    try:
+        async for k, item in merge(streams):
+            results[k].add(item)
+            items.append((k, item))
+    finally:
+        for s in streams:
+            await s.aclose()
+    export = items[-1][1].output.kv
+    if export is None:
+        return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items), last=True)
+    output = _events(renderer, results, items) if call.stream else None
+    handle = node.transport.publish(headers.req_id, export.block_ids)
+    node.hold(headers.req_id, export.lease_id)
+    item = items[0][1]
+    route = node.find_route(request.url.path)
+    params = DecodeParams(
+        req_id=headers.req_id, msg_type=route[0].template if route else request.url.path, path=request.url.path,
+        body=body.decode(), is_stream=call.stream, tokens=call.requests[0].prompt_token_ids,
+        first_token=item.output.new_token_ids, first_items=[i for _, i in items], seed=item.output.seed,
+        cumulative_logprob=item.output.cumulative_logprob, renderer_state=renderer.carried(),
+        kv=handle, layout=node.layout,
+        p_node_addr=f"{ctx.settings.host}:{ctx.settings.inter_comm_port}",
+        metrics={"firstTokenCost": item.prefill_ms, "e2eStartTime": started})
+    try:
+        status, reply = await post_json(headers.d_host, headers.d_port, "/pd/v1/decode", params.to_json(),
+                                        ctx.settings.inter_comm_token, ctx.settings.kv_trans_timeout_s)
+    except PeerError as exc:
+        node.release(headers.req_id)
+        node.link(headers.d_host, False)
+        raise APIError(500, f"[P Node] Send D request failed:{exc}") from None
+    if status != 200 or not isinstance(reply, dict) or reply.get("isValidDecodeParameters") is not True:
+        node.release(headers.req_id)
+        why = reply.get("errorMessage") if isinstance(reply, dict) else None
+        raise APIError(500, f"[P Node] Send D request failed:{why or f'D answered HTTP {status}'}")
+    node.link(headers.d_host, True)
+    return _envelope(headers.req_id, call.stream, output, last=False)
+
+
+def _events(renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
+    chunks = list(renderer.begin(results))
+    for k, item in items:
+        chunks += renderer.event(k, item, results)
+    return b"".join(chunks).decode()
+
+
+def _whole(call: Call, renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
+    if call.stream:
+        return _events(renderer, results, items) + b"".join(renderer.end(results)).decode()
+    return dumps(renderer.whole(results))
+
+
+def _envelope(req_id: str, stream: bool, output: str | None, last: bool) -> Response:
+    body: Mapping[str, Any] = {"reqId": req_id, "isStream": stream}
+    if stream or last:
+        body = {**body, "isLastResp": last, "output": output or ""}
+    return json_response(body)
