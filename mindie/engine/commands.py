@@ -72,6 +72,7 @@ class ResumeRequest:
     first_token_ids: list[int]
     seed: int
     cumulative_logprob: float
+    num_cached_prompt_tokens: int
     sink: OutputSink
 
 

@@ -173,7 +173,7 @@ class LLMEngine:
             self.blocks.free(_seq_id(request_id))
 
     def resume(self, request: EngineRequest, first_token_ids: list[int], seed: int,
-               cumulative_logprob: float) -> None:
+               cumulative_logprob: float, num_cached_prompt_tokens: int = 0) -> None:
         """Continues a request handed off by P: its reserved blocks hold the prompt's KV, its
         first tokens are already emitted. The detokenizer and grammar matcher are replayed over
         them, so stop strings, held-back text and the grammar continue where P left off; the
@@ -205,6 +205,7 @@ class LLMEngine:
                        token_ids=list(request.prompt_token_ids) + list(first_token_ids))
         seq.num_computed_tokens = len(request.prompt_token_ids)
         seq.cumulative_logprob = cumulative_logprob
+        seq.num_cached_prompt_tokens = num_cached_prompt_tokens  # P's prefix-cache hit, reported as is
         seq.first_scheduled_time = seq.first_token_time = seq.ready_time = time.monotonic()
         self.blocks.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         self.requests[rid] = [seq]

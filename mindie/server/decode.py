@@ -124,7 +124,9 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
             return
         if req_id in node.stopped:
             return  # stopped while its KV was on its way: nothing more to say
-        outputs = await ctx.engine.resume_request(request, params.first_token, params.seed, params.cumulative_logprob)
+        first = params.first_items[0].output
+        outputs = await ctx.engine.resume_request(request, params.first_token, params.seed, params.cumulative_logprob,
+                                                  first.num_cached_prompt_tokens)
         resumed = True
         stream = OutputStream(ctx, request, call, outputs, continued=True)
         await _emit(node, req_id, call, renderer, results, stream)

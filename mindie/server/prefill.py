@@ -69,6 +69,9 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     export = items[-1][1].output.kv
     if export is None:
         return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items), last=True)
+    # The request goes on at D: to its renderers (here and there) this output is not its last.
+    k, last = items[-1]
+    items[-1] = (k, dataclasses.replace(last, output=dataclasses.replace(last.output, request_done=False, kv=None)))
     output = _events(renderer, results, items) if call.stream else None
     handle = node.transport.publish(headers.req_id, export.block_ids)
     node.hold(headers.req_id, export.lease_id)
