@@ -26,6 +26,10 @@ class DResultDispatcher:
         self._pending: list[bytes] = []  # records for the next stream to connect
         self._current: _Stream | None = None
 
+    @property
+    def connected(self) -> bool:
+        return self._current is not None
+
     def push(self, records: bytes) -> None:
         """Queues whole records (one `mindie.pd.records.encode` result, or several joined)."""
         if self._current is not None:
