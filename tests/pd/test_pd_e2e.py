@@ -150,3 +150,47 @@ def test_several_samples_run_whole_on_p(pd_pair, single):
     assert env["isLastResp"] is True
     assert events(env["output"].encode(), "/v1/completions", False) == events(expected, "/v1/completions", False)
     blocks_back(p, d)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"]}}}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+    "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_features_mindie_refuses_in_pd_work_here(pd_pair, single, stream):
+    """Stop strings (with and without include_stop_str_in_output), logprobs, structured output
+    and tool calls (the grammar and the tool-call parser continue on D), n > 1 (runs on P)."""
+    p, d, reader = pd_pair
+    base = {"model": "tiny", "prompt": "stop here", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    text = httpx.post(single.url + "/v1/completions", json=base, timeout=60).json()["choices"][0]["text"]
+    stop = text[4:6]
+    assert stop.strip() and text.find(stop) >= 3  # the stop string ends the request on D
+    bodies = [
+        ("/v1/completions", {**base, "stop": [stop]}),
+        ("/v1/completions", {**base, "stop": [stop], "include_stop_str_in_output": True}),
+        ("/v1/completions", {**base, "logprobs": 3}),
+        ("/v1/completions", {**base, "n": 2, "temperature": 0.9, "seed": 4}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 40, "temperature": 0.9,
+                                  "seed": 11, "logprobs": True, "top_logprobs": 2}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 40, "temperature": 1.0,
+                                  "seed": 3, "response_format": SCHEMA}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": CHAT, "max_tokens": 200, "temperature": 1.0,
+                                  "seed": 5, "tools": [TOOL], "tool_choice": "required"}),
+    ]
+    for path, body in bodies:
+        body = {**body, "stream": stream}
+        expected = httpx.post(single.url + path, json=body, timeout=60)
+        assert expected.status_code == 200, expected.text
+        got, _ = through_pd(p, d, reader, path, body, stream)
+        assert events(got, path, stream) == events(expected.content, path, stream), body
+        blocks_back(p, d)
+
+
+def test_link_status_after_a_handoff(pd_pair):
+    p, d, _ = pd_pair
+    for server in (p, d):
+        peers = httpx.get(server.management_url + "/v1/status").json()["linkStatus"]["peers"]
+        assert peers == [{"target": "127.0.0.1", "link": "success"}]
