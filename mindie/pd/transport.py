@@ -27,6 +27,7 @@ import time
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
@@ -217,39 +218,71 @@ def _send_frame(sock: socket.socket, obj: dict[str, object]) -> None:
     sock.sendall(_FRAME.pack(len(data)) + data)
 
 
-def _recv_exact(sock: socket.socket, buf: memoryview, deadline: float) -> None:
-    got = 0
-    while got < len(buf):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("KV transfer deadline passed")
-        sock.settimeout(remaining)
-        n = sock.recv_into(buf[got:])
-        if n == 0:
-            raise ConnectionError("peer closed the KV transfer connection")
-        got += n
-
-
 def _recv_frame(sock: socket.socket, deadline: float) -> dict[str, object]:
     head = bytearray(_FRAME.size)
-    _recv_exact(sock, memoryview(head), deadline)
+    _recv_parts(sock, [memoryview(head)], deadline)
     (size,) = _FRAME.unpack(head)
     if size > MAX_FRAME:
         raise ValueError(f"frame of {size} bytes is over the {MAX_FRAME} limit")
     body = bytearray(size)
-    _recv_exact(sock, memoryview(body), deadline)
+    _recv_parts(sock, [memoryview(body)], deadline)
     obj = json.loads(body)
     if not isinstance(obj, dict):
         raise ValueError("a frame must hold a JSON object")
     return obj
 
 
-def _sendall(sock: socket.socket, data: bytes | memoryview, deadline: float) -> None:
+def _batches(bufs: list[memoryview], limit: int = 4 * 2**20) -> list[list[memoryview]]:
+    """Consecutive buffers grouped up to `limit` bytes: the unit of checksum work handed to the
+    helper thread, large enough that handing it over costs little."""
+    out: list[list[memoryview]] = []
+    size = limit
+    for buf in bufs:
+        if size + len(buf) > limit:
+            out.append([])
+            size = 0
+        out[-1].append(buf)
+        size += len(buf)
+    return out
+
+
+def _crcs(bufs: list[memoryview]) -> list[int]:
+    return [zlib.crc32(buf) for buf in bufs]
+
+
+def _remaining(deadline: float) -> float:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("KV transfer deadline passed")
-    sock.settimeout(remaining)
-    sock.sendall(data)
+    return remaining
+
+
+def _send_parts(sock: socket.socket, parts: list[memoryview], deadline: float) -> None:
+    """sendall of several buffers with one gathered write per syscall, no joining copy."""
+    parts = [p for p in parts if len(p)]
+    while parts:
+        sock.settimeout(_remaining(deadline))
+        sent = sock.sendmsg(parts)
+        while parts and sent >= len(parts[0]):
+            sent -= len(parts[0])
+            parts = parts[1:]
+        if parts and sent:
+            parts = [parts[0][sent:], *parts[1:]]
+
+
+def _recv_parts(sock: socket.socket, parts: list[memoryview], deadline: float) -> None:
+    """Fills each buffer in order, scattering each read across them."""
+    parts = [p for p in parts if len(p)]
+    while parts:
+        sock.settimeout(_remaining(deadline))
+        got = sock.recvmsg_into(parts)[0]
+        if got == 0:
+            raise ConnectionError("peer closed the KV transfer connection")
+        while parts and got >= len(parts[0]):
+            got -= len(parts[0])
+            parts = parts[1:]
+        if parts and got:
+            parts = [parts[0][got:], *parts[1:]]
 
 
 class TCPTransport(KVTransport):
@@ -300,10 +333,13 @@ class TCPTransport(KVTransport):
                     _send_frame(conn, {"ok": False, "error": refusal})
                     return
                 _send_frame(conn, {"ok": True})
-                for first, count in plan:
-                    for buf in self.arena.buffers(first, count):
-                        _sendall(conn, _CHUNK.pack(len(buf), zlib.crc32(buf)), deadline)
-                        _sendall(conn, buf, deadline)
+                batches = _batches([buf for first, count in plan for buf in self.arena.buffers(first, count)])
+                # zlib.crc32 releases the GIL: checksums are computed a batch ahead on a helper
+                # thread while this one sends.
+                with ThreadPoolExecutor(1) as pool:
+                    for bufs, crcs in zip(batches, pool.map(_crcs, batches)):
+                        for buf, crc in zip(bufs, crcs):
+                            _send_parts(conn, [memoryview(_CHUNK.pack(len(buf), crc)), buf], deadline)
             except (OSError, ValueError):
                 return  # D gave up or sent garbage: D reports the failure, nothing to keep here
 
@@ -346,15 +382,22 @@ class TCPTransport(KVTransport):
                 answer = _recv_frame(sock, deadline)
                 if answer.get("ok") is not True:
                     raise PullRefused(f"P refused the pull: {answer.get('error')}")
-                head = bytearray(_CHUNK.size)
-                for _, d, n in plan:
-                    for buf in self.arena.buffers(d, n):
-                        _recv_exact(sock, memoryview(head), deadline)
-                        size, crc = _CHUNK.unpack(head)
-                        if size != len(buf):
-                            raise PullRefused(f"P sent {size} bytes for a buffer of {len(buf)}")
-                        _recv_exact(sock, buf, deadline)
-                        if zlib.crc32(buf) != crc:
-                            raise PullRefused("KV bytes arrived corrupted (crc32 mismatch)")
+                head = memoryview(bytearray(_CHUNK.size))
+                checks: list[tuple[list[int], Future[list[int]]]] = []
+                batches = _batches([buf for _, d, n in plan for buf in self.arena.buffers(d, n)])
+                with ThreadPoolExecutor(1) as pool:  # verify batch i while batch i + 1 arrives
+                    for bufs in batches:
+                        expected = []
+                        for buf in bufs:
+                            # Sizes agree by the layout check; a header that says otherwise
+                            # means the stream is out of step, and the pull fails.
+                            _recv_parts(sock, [head, buf], deadline)
+                            size, crc = _CHUNK.unpack(head)
+                            if size != len(buf):
+                                raise PullRefused(f"P sent {size} bytes for a buffer of {len(buf)}")
+                            expected.append(crc)
+                        checks.append((expected, pool.submit(_crcs, bufs)))
+                if any(expected != check.result() for expected, check in checks):
+                    raise PullRefused("KV bytes arrived corrupted (crc32 mismatch)")
 
         return PullJob(work)
