@@ -330,6 +330,10 @@ class ServerSettings:
             raise ConfigError("ServerConfig.interCommTLSEnabled is true, but TLS between P and D is not implemented "
                               "here: set it to false (P and D authenticate with ServerConfig.interCommToken)")
         inter_comm_port = server.get("interCommPort", 1121)
+        if infer_mode != "dmi":
+            ignored += [f"ServerConfig.{k}" for k in ("interCommTLSEnabled", "interCommPort", "interCommToken")
+                        if k in server]
+            ignored += ["ModelConfig[0].kv_trans_timeout"] if "kv_trans_timeout" in model else []
         timeouts_max = top.get("EnableDynamicAdjustTimeoutConfig", False)
         return cls(
             host=os.environ.get("MIES_CONTAINER_IP") or server.get("ipAddress", "127.0.0.1"),

@@ -80,6 +80,7 @@ async def decode(ctx: Serving, request: Request, body: bytes) -> Response:
             ctx.engine.submit(DropReserved(params.req_id))
         return _answer(False, "Failed forward in for infer engine: not enough free KV blocks")
     ctx.in_flight[params.req_id] = None  # stopInfer finds it from now on
+    ctx.metrics.received(len(params.tokens))
     node.decoding[params.req_id] = asyncio.ensure_future(
         _run(ctx, node, params, engine_request, call, renderer, results, blocks))
     return _answer(True)
