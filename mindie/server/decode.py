@@ -18,6 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -28,6 +29,7 @@ from mindie.pd.records import RecordKind, encode
 from mindie.pd.transport import PullStatus
 from mindie.server.dmi import PDNode
 from mindie.server.errors import APIError
+from mindie.server.fields import describe
 from mindie.server.protocols.base import Call, Renderer, dumps
 from mindie.server.responses import json_response
 from mindie.server.results import Result
@@ -71,6 +73,8 @@ async def decode(ctx: Serving, request: Request, body: bytes) -> Response:
         ctx.admit()
     except APIError as exc:
         return _answer(False, exc.message)
+    except ValidationError as exc:  # P accepted this body: a D configured otherwise may not
+        return _answer(False, describe(exc)[0])
     try:
         blocks = await ctx.engine.reserve_kv(params.req_id, params.tokens, len(params.tokens))
     except ValueError as exc:

@@ -103,10 +103,9 @@ class PDNode:
     def set_role(self, role: str, body: bytes, v2: bool) -> None:
         local, peers = _role_body(body, v2)
         p_percentage = local[0].get("p_percentage") if role == "flex" else None
-        if role == "flex" and not (p_percentage is None or (isinstance(p_percentage, int)
-                                                            and 0 <= p_percentage <= 100)):
+        if p_percentage is not None and not (isinstance(p_percentage, int) and 0 <= p_percentage <= 100):
             raise APIError(422, BAD_ROLE_BODY, "p_percentage")
-        self.role, self.p_percentage = role, (50 if p_percentage is None else p_percentage) if role == "flex" else None
+        self.role, self.p_percentage = role, p_percentage
         self.peers = {p["server_ip"]: self.peers.get(p["server_ip"], "waiting") for p in peers}
 
     def link(self, peer: str, ok: bool) -> None:

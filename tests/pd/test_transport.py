@@ -105,3 +105,28 @@ def test_layout_mismatch_names_the_field():
     assert LAYOUT.mismatch(LAYOUT) is None
     assert LAYOUT.mismatch(replace(LAYOUT, block_size=16)) == \
         "KV layout mismatch: block_size is 4 here but 16 on the peer"
+
+
+def test_tcp_pull_between_bf16_torch_caches():
+    """The server's arena is a uint8 view of its torch cache: a pull lands bf16 values exactly."""
+    import torch
+
+    shape = (8, 4, 2, 8)
+    src = [(torch.randn(shape, dtype=torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16)) for _ in range(2)]
+    dst = [(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16)) for _ in range(2)]
+
+    def view(caches):
+        return KVArena([(k.view(torch.uint8).numpy(), v.view(torch.uint8).numpy()) for k, v in caches])
+
+    layout = replace(LAYOUT, dtype="bfloat16")
+    p = TCPTransport(view(src), layout, "secret", "127.0.0.1", 0, timeout_s=5)
+    d = TCPTransport(view(dst), layout, "secret", "127.0.0.1", 0, timeout_s=5)
+    try:
+        job = d.pull(p.publish("1", [1, 2, 5]), [0, 6, 7], time.monotonic() + 5)
+        assert job.wait(5) is PullStatus.SUCCESS, job.error
+        for (sk, sv), (dk, dv) in zip(src, dst):
+            assert torch.equal(dk[[0, 6, 7]], sk[[1, 2, 5]]) and torch.equal(dv[[0, 6, 7]], sv[[1, 2, 5]])
+            assert not dk[[1, 2, 3, 4, 5]].any()
+    finally:
+        p.close()
+        d.close()
