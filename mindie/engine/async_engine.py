@@ -15,8 +15,16 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator
 
-from mindie.engine.commands import (AbortRequest, AddRequest, DropReserved, EngineCommand, OutputSink, ReleaseKV,
-                                    ReserveKV, ResumeRequest)
+from mindie.engine.commands import (
+    AbortRequest,
+    AddRequest,
+    DropReserved,
+    EngineCommand,
+    OutputSink,
+    ReleaseKV,
+    ReserveKV,
+    ResumeRequest,
+)
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput
 from mindie.engine.stats import EngineStats

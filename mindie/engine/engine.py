@@ -33,7 +33,6 @@ from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
 
-
 LEASE_PREFIX = "pd-lease:"  # block-table ids of P's pinned exports, apart from any sequence's
 
 

@@ -80,7 +80,7 @@ class KVArena:
 
     def buffers(self, first: int, count: int) -> list[memoryview]:
         """K then V of each layer for blocks [first, first + count), in wire order."""
-        return [memoryview(t[first:first + count]).cast("B") for kv in self.layers for t in kv]
+        return [t[first:first + count].data.cast("B") for kv in self.layers for t in kv]
 
 
 class PullStatus(enum.Enum):
@@ -163,6 +163,7 @@ class KVTransport(ABC):
         """Copies the handle's blocks into dst_block_ids (same count) of this instance's arena,
         by `deadline` (time.monotonic())."""
 
+    @abstractmethod
     def close(self) -> None:
         """Stops serving."""
 
@@ -189,6 +190,9 @@ class FakeTransport(KVTransport):
         self.arena, self.addr, self.registry, self.fail = arena, addr, registry, fail
         self.published: dict[str, list[int]] = {}
         registry[addr] = self
+
+    def close(self) -> None:
+        self.registry.pop(self.addr, None)
 
     def publish(self, req_id: str, block_ids: list[int]) -> KVHandle:
         self.published[req_id] = list(block_ids)

@@ -120,7 +120,7 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
     try:
         job = node.transport.pull(params.kv, blocks, time.monotonic() + ctx.settings.kv_trans_timeout_s)
         status = await asyncio.to_thread(job.wait)
-        await _release(ctx, params)
+        await _release(ctx, node, params)
         p_host = params.p_node_addr.rpartition(":")[0]
         node.link(p_host, status is PullStatus.SUCCESS)
         if status is not PullStatus.SUCCESS:
@@ -146,12 +146,12 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
             ctx.forget(req_id)
 
 
-async def _release(ctx: Serving, params: DecodeParams) -> None:
+async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
     """Tells P it may free the blocks, whether the pull worked or not (P's lease covers a lost
     release)."""
     host, _, port = params.p_node_addr.rpartition(":")
     try:
-        await post_json(host, int(port), "/pd/v1/release", {"reqId": params.req_id}, ctx.settings.inter_comm_token,
+        await post_json(host, int(port), "/pd/v1/release", {"reqId": params.req_id}, node.token,
                         ctx.settings.kv_trans_timeout_s)
     except (PeerError, ValueError) as exc:
         log.warning("request %s: release to %s failed: %s", params.req_id, params.p_node_addr, exc)

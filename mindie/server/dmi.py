@@ -60,7 +60,10 @@ class GenerationRoute:
 
 class PDNode:
     def __init__(self, settings: Any, engine: Any) -> None:
+        if not settings.inter_comm_token:
+            raise ValueError("a PD node needs the inter-instance token (ServerConfig.interCommToken)")
         self.settings = settings
+        self.token: str = settings.inter_comm_token
         self.engine = engine  # the AsyncEngine
         self.role = "none"
         self.p_percentage: int | None = None
@@ -77,7 +80,7 @@ class PDNode:
                                num_layers=len(caches), num_kv_heads=k0.shape[2], head_dim=k0.shape[3],
                                block_size=k0.shape[1], weight_format=type(inner.loaded.model).__name__)
         arena = KVArena([(k.view(torch.uint8).numpy(), v.view(torch.uint8).numpy()) for k, v in caches])
-        self.transport = TCPTransport(arena, self.layout, settings.inter_comm_token, settings.host,
+        self.transport = TCPTransport(arena, self.layout, self.token, settings.host,
                                       settings.kv_transfer_port, settings.kv_trans_timeout_s)
 
     def close(self) -> None:
@@ -123,7 +126,7 @@ class PDNode:
 
     def check_token(self, request: Request) -> None:
         got = request.headers.get(TOKEN_HEADER, "").encode()
-        if not hmac.compare_digest(got, self.settings.inter_comm_token.encode()):
+        if not hmac.compare_digest(got, self.token.encode()):
             raise APIError(401, f"the inter-instance token ({TOKEN_HEADER}) is missing or wrong")
 
     def check_peer(self, request: Request) -> None:

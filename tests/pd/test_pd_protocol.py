@@ -103,8 +103,8 @@ def test_p_header_errors_name_the_header(pd_pair, headers, status, needle):
     sent = {**pd_headers("5", d), **headers} if headers else {}
     r = httpx.post(p.url + "/infer", json={"inputs": "x"}, headers=sent)
     assert r.status_code == status and needle in r.json()["error"], r.text
-    r = httpx.post(p.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
-                   headers=sent)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+    r = httpx.post(p.url + "/v1/chat/completions", json=chat, headers=sent)
     assert r.status_code == status and needle in r.json()["error"]["message"]  # the family's error shape
 
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mindie.pd.transport import (FakeTransport, KVArena, KVHandle, KVLayout, PullStatus, TCPTransport, runs)
+from mindie.pd.transport import FakeTransport, KVArena, KVHandle, KVLayout, PullStatus, TCPTransport, runs
 
 LAYOUT = KVLayout("tiny", "float32", 2, 2, 8, 4, "safetensors")
 

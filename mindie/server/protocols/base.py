@@ -78,6 +78,8 @@ class Renderer(ABC):
 
     def restore(self, carried: dict[str, Any]) -> None:
         """Takes over what `carried` returned on the prefill node."""
+        if carried:
+            raise APIError(400, f"{type(self).__name__} carries no state, got {sorted(carried)}")
 
 
 def dumps(obj: Any) -> str:
