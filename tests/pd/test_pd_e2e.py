@@ -12,7 +12,8 @@ import time
 
 import httpx
 import pytest
-from conftest import envelope, pd_headers
+from conftest import DResultReader, dmi_settings, envelope, pd_headers, set_role
+from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind
 
@@ -194,3 +195,29 @@ def test_link_status_after_a_handoff(pd_pair):
     for server in (p, d):
         peers = httpx.get(server.management_url + "/v1/status").json()["linkStatus"]["peers"]
         assert peers == [{"target": "127.0.0.1", "link": "success"}]
+
+
+def test_two_prefills_and_two_decodes(pd_pair, single, tiny_llama_dir):
+    """2P1D and 1P2D: each P sends to the D its d-target names, each D pulls from the P that
+    sent it, and every /dresult stream carries only its own requests."""
+    p1, d1, reader1 = pd_pair
+    p2, d2 = RunningServer(dmi_settings(tiny_llama_dir)), RunningServer(dmi_settings(tiny_llama_dir))
+    reader2 = None
+    try:
+        assert set_role(p2, "prefill", ["127.0.0.1"]).status_code == 200
+        assert set_role(d2, "decode", ["127.0.0.1"]).status_code == 200
+        reader2 = DResultReader(d2)
+        body = {"model": "tiny", "prompt": "two by two", "max_tokens": 9, "temperature": 0, "stream": True}
+        expected = events(httpx.post(single.url + "/v1/completions", json=body, timeout=60).content,
+                          "/v1/completions", True)
+        for p, d, reader in ((p1, d1, reader1), (p1, d2, reader2), (p2, d1, reader1), (p2, d2, reader2)):
+            got, went_to_d = through_pd(p, d, reader, "/v1/completions", body, True)
+            assert went_to_d and events(got, "/v1/completions", True) == expected
+        own = {r.req_id for r in reader2.records if r.req_id is not None}
+        assert own and not own & {r.req_id for r in reader1.records}
+        blocks_back(p1, p2, d1, d2)
+    finally:
+        if reader2 is not None:
+            reader2.close()
+        p2.close()
+        d2.close()
