@@ -101,6 +101,8 @@ class LLMEngine:
         max_total = self._max_total(request, width)
         if request.handoff and (width > 1 or params.num_samples > 1):
             raise ValueError("only a single-sample request can be handed off after its first token")
+        if request.handoff and self.blocks.has(LEASE_PREFIX + request.request_id):
+            raise ValueError(f"request id {request.request_id!r} still has KV blocks held for a decode node")
         base_seed = params.seed if params.seed is not None else secrets.randbits(64)
         if request.grammar is not None and params.use_beam_search:
             raise ValueError("use_beam_search cannot be combined with structured output or required tool calls")

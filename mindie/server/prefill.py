@@ -52,6 +52,9 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     if headers.d_host not in node.peers:
         raise APIError(400, f"Parameter d-target {headers.d_host} is not a decode peer of this instance "
                             "(see /v1/role)", "d-target")
+    if headers.req_id in node.leases:
+        raise APIError(400, f"req-id {headers.req_id} is already in use: its KV is still held for a decode node",
+                       "req-id")
     call, renderer = await parse(ctx, body, request.path_params)
     if _can_hand_off(call):
         call = dataclasses.replace(call, requests=[dataclasses.replace(call.requests[0], handoff=True)])

@@ -75,6 +75,17 @@ def test_handoff_that_ends_at_its_first_token_keeps_nothing(loaded):
     assert out.finish_reason is not None and out.kv is None and p.blocks.num_used_blocks() == 0
 
 
+def test_a_held_lease_keeps_its_request_id(loaded):
+    p = engine(loaded)
+    p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0), handoff=True))
+    [out] = drain(p)
+    with pytest.raises(ValueError, match="still has KV blocks held"):
+        p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4), handoff=True))
+    p.release_kv(out.kv.lease_id)
+    p.release_kv(out.kv.lease_id)  # idempotent
+    assert p.blocks.num_used_blocks() == 0
+
+
 def test_reservation_refused_or_dropped(loaded):
     d = engine(loaded)
     assert d.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32

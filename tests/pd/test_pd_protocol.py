@@ -126,6 +126,8 @@ def test_lease_expiry_frees_blocks_when_d_never_pulls(fresh):
                                   headers=headers, timeout=30))
         assert env["isLastResp"] is False
         assert fresh.ctx.engine.stats.used_blocks > 0  # pinned for D
+        again = httpx.post(fresh.url + "/v1/completions", json=COMPLETION, headers=headers, timeout=30)
+        assert again.status_code == 400 and "still held" in again.json()["error"]["message"]
         blocks_back(fresh, timeout=5)  # the lease is 2 x 0.5 s
         assert "99" not in fresh.ctx.pd.leases
     finally:
