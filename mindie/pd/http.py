@@ -13,7 +13,8 @@ MAX_REPLY = 2**20
 
 
 class PeerError(Exception):
-    """The peer could not be reached, or answered something that is not an HTTP JSON reply."""
+    """The peer could not be reached, or answered something that is not an HTTP JSON reply. The
+    message names no address: it may reach a client (P's "Send D request failed:<why>")."""
 
 
 async def post_json(host: str, port: int, path: str, body: dict[str, Any], token: str,
@@ -31,22 +32,24 @@ async def post_json(host: str, port: int, path: str, body: dict[str, Any], token
                 status_line = await reader.readline()
                 parts = status_line.split(b" ", 2)
                 if len(parts) < 2 or not parts[1].isdigit():
-                    raise PeerError(f"not an HTTP reply: {status_line[:80]!r}")
+                    raise PeerError("the peer's reply is not HTTP")
                 length = None
                 while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value.strip())
                 if length is not None and length > MAX_REPLY:
-                    raise PeerError(f"reply of {length} bytes is too large")
+                    raise PeerError(f"the peer's reply of {length} bytes is too large")
                 raw = await (reader.readexactly(length) if length is not None else reader.read(MAX_REPLY))
             finally:
                 writer.close()
     except TimeoutError:
-        raise PeerError(f"no reply from {host}:{port} within {timeout_s:g} s") from None
+        raise PeerError(f"no reply within {timeout_s:g} s") from None
+    except ConnectionRefusedError:
+        raise PeerError("connection refused") from None
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        raise PeerError(f"{host}:{port}: {exc}") from None
+        raise PeerError(f"connection failed ({type(exc).__name__})") from None
     try:
         return int(parts[1]), json.loads(raw) if raw else None
     except json.JSONDecodeError:
-        raise PeerError(f"{host}:{port} answered a body that is not JSON: {raw[:80]!r}") from None
+        raise PeerError("the peer's reply is not JSON") from None

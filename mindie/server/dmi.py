@@ -132,7 +132,8 @@ class PDNode:
     def check_peer(self, request: Request) -> None:
         host = request.client.host if request.client else ""
         if host not in self.peers:
-            raise APIError(403, f"{host} is not a peer of this instance (see /v1/role)")
+            log.warning("refused a call from %s: not a peer", host)
+            raise APIError(403, "the caller is not a peer of this instance (see /v1/role)")
 
     # --- P: leases on exported blocks --------------------------------------------------------
 

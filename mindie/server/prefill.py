@@ -16,6 +16,7 @@ its end on P and is answered whole, as one that ended at its first token.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ from mindie.server.streams import merge
 if TYPE_CHECKING:
     from mindie.server.handler import Parse
     from mindie.server.serving import Serving
+
+log = logging.getLogger("mindie.server.prefill")
 
 
 def _can_hand_off(call: Call) -> bool:
@@ -94,6 +97,7 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     except PeerError as exc:
         node.release(headers.req_id)
         node.link(headers.d_host, False)
+        log.warning("request %s: decode call to %s:%s failed: %s", headers.req_id, headers.d_host, headers.d_port, exc)
         raise APIError(500, f"[P Node] Send D request failed:{exc}") from None
     if status != 200 or not isinstance(reply, dict) or reply.get("isValidDecodeParameters") is not True:
         node.release(headers.req_id)
