@@ -64,8 +64,9 @@ async def decode(ctx: Serving, request: Request, body: bytes) -> Response:
     except ValueError as exc:
         return _answer(False, f"bad decode parameters: {exc}")
     mismatch = node.layout.mismatch(params.layout)
-    if mismatch is not None:
-        return _answer(False, mismatch)
+    if mismatch is not None:  # this P can never send us KV: its link fails
+        node.link(request.client.host if request.client else "", False)
+        return _answer(False, mismatch, 409)
     if params.req_id in ctx.in_flight or params.req_id in node.decoding:
         return _answer(False, f"req-id {params.req_id} is already in use here")
     try:

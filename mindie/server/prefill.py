@@ -101,6 +101,8 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
         raise APIError(500, f"[P Node] Send D request failed:{exc}") from None
     if status != 200 or not isinstance(reply, dict) or reply.get("isValidDecodeParameters") is not True:
         node.release(headers.req_id)
+        if status in (401, 403, 409):  # token, peer list or KV layout: D refuses every request from here
+            node.link(headers.d_host, False)
         why = reply.get("errorMessage") if isinstance(reply, dict) else None
         raise APIError(500, f"[P Node] Send D request failed:{why or f'D answered HTTP {status}'}")
     node.link(headers.d_host, True)

@@ -191,7 +191,9 @@ def test_features_mindie_refuses_in_pd_work_here(pd_pair, single, stream):
 
 
 def test_link_status_after_a_handoff(pd_pair):
-    p, d, _ = pd_pair
+    p, d, reader = pd_pair
+    body = {"model": "tiny", "prompt": "link", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    assert through_pd(p, d, reader, "/v1/completions", body, False)[1]
     for server in (p, d):
         peers = httpx.get(server.management_url + "/v1/status").json()["linkStatus"]["peers"]
         assert peers == [{"target": "127.0.0.1", "link": "success"}]

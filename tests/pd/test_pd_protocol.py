@@ -155,7 +155,7 @@ def test_decode_call_needs_token_peer_and_a_matching_layout(pd_pair):
     assert r.status_code == 401
     other = dataclasses.replace(layout, num_layers=layout.num_layers + 1)
     r = httpx.post(url, json=_decode_body(other), headers={TOKEN_HEADER: TOKEN})
-    assert r.json() == {"isValidDecodeParameters": False, "errorMessage":
+    assert r.status_code == 409 and r.json() == {"isValidDecodeParameters": False, "errorMessage":
                         f"KV layout mismatch: num_layers is {layout.num_layers} here but {layout.num_layers + 1} "
                         "on the peer"}
     r = httpx.post(url, json=_decode_body(layout, tokens="x"), headers={TOKEN_HEADER: TOKEN})
