@@ -59,6 +59,10 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
         raise APIError(400, f"req-id {headers.req_id} is already in use: its KV is still held for a decode node",
                        "req-id")
     call, renderer = await parse(ctx, body, request.path_params)
+    try:
+        text = body.decode()  # D gets the body as a JSON string
+    except UnicodeDecodeError:
+        raise APIError(422, "the request body must be UTF-8 on a prefill node") from None
     if _can_hand_off(call):
         call = dataclasses.replace(call, requests=[dataclasses.replace(call.requests[0], handoff=True)])
     started = time.time()
@@ -85,7 +89,7 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     route = node.find_route(request.url.path)
     params = DecodeParams(
         req_id=headers.req_id, msg_type=route[0].template if route else request.url.path, path=request.url.path,
-        body=body.decode(), is_stream=call.stream, tokens=call.requests[0].prompt_token_ids,
+        body=text, is_stream=call.stream, tokens=call.requests[0].prompt_token_ids,
         first_token=item.output.new_token_ids, first_items=[i for _, i in items], seed=item.output.seed,
         cumulative_logprob=item.output.cumulative_logprob, renderer_state=renderer.carried(),
         kv=handle, layout=node.layout,
