@@ -15,7 +15,16 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator
 
-from mindie.engine.commands import AbortRequest, AddRequest, EngineCommand, OutputSink
+from mindie.engine.commands import (
+    AbortRequest,
+    AddRequest,
+    DropReserved,
+    EngineCommand,
+    OutputSink,
+    ReleaseKV,
+    ReserveKV,
+    ResumeRequest,
+)
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput
 from mindie.engine.stats import EngineStats
@@ -52,6 +61,22 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self.submit(AbortRequest(request_id))
+
+    async def reserve_kv(self, request_id: str, token_ids: list[int], num_tokens: int) -> list[int] | None:
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[list[int] | None] = loop.create_future()
+        self.submit(ReserveKV(request_id, token_ids, num_tokens, loop, reply))
+        return await reply
+
+    async def resume_request(self, request: EngineRequest, first_token_ids: list[int], seed: int,
+                             cumulative_logprob: float, num_cached_prompt_tokens: int
+                             ) -> AsyncIterator[RequestOutput]:
+        """`add_request` for a request P handed off, into the blocks `reserve_kv` gave it."""
+        loop = asyncio.get_running_loop()
+        sink = OutputSink(loop, asyncio.Queue(), loop.create_future())
+        self.submit(ResumeRequest(request, first_token_ids, seed, cumulative_logprob, num_cached_prompt_tokens, sink))
+        await sink.accepted
+        return self._stream(request.request_id, sink.queue)
 
     def submit(self, command: EngineCommand) -> None:
         """Queues a command for the engine thread, which applies it before its next step; raises
@@ -117,9 +142,27 @@ class AsyncEngine:
         """Runs one command on the engine; returns the outputs it produced (an abort's last ones)."""
         if isinstance(command, AbortRequest):
             return self.engine.abort(command.request_id)
+        if isinstance(command, ReleaseKV):
+            self.engine.release_kv(command.lease_id)
+            return []
+        if isinstance(command, DropReserved):
+            self.engine.drop_reserved(command.request_id)
+            return []
+        if isinstance(command, ReserveKV):
+            try:
+                blocks: list[int] | None | BaseException = self.engine.reserve_kv(
+                    command.request_id, command.token_ids, command.num_tokens)
+            except ValueError as exc:
+                blocks = exc
+            command.loop.call_soon_threadsafe(_answer, command.reply, blocks)
+            return []
         sink = command.sink
         try:
-            self.engine.add_request(command.request)
+            if isinstance(command, ResumeRequest):
+                self.engine.resume(command.request, command.first_token_ids, command.seed,
+                                   command.cumulative_logprob, command.num_cached_prompt_tokens)
+            else:
+                self.engine.add_request(command.request)
         except Exception as exc:
             sink.loop.call_soon_threadsafe(_settle, sink.accepted, exc)
             return []
@@ -159,6 +202,15 @@ class AsyncEngine:
 def _put_all(batch: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
     for queue, out in batch:
         queue.put_nowait(out)
+
+
+def _answer(future: asyncio.Future[list[int] | None], value: list[int] | None | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:

@@ -2,8 +2,10 @@
 typed commands through `AsyncEngine.submit`, the one way in; the thread applies them in order
 between steps, so the engine itself is only ever touched by its own thread.
 
-Transferring a request's KV cache (prefill/decode disaggregation) will add commands here; none
-exist yet, because nothing in the engine can yet export or import a sequence's blocks."""
+Prefill/decode disaggregation: on P, an `AddRequest` whose request has `handoff` set exports its
+KV by itself (its last output carries the pinned blocks) and `ReleaseKV` unpins them; on D,
+`ReserveKV` takes the blocks the pulled KV is written into, then `ResumeRequest` runs the request
+from there, or `DropReserved` gives the blocks back."""
 
 from __future__ import annotations
 
@@ -37,4 +39,41 @@ class AbortRequest:
     request_id: str
 
 
-EngineCommand = AddRequest | AbortRequest
+@dataclass(frozen=True)
+class ReleaseKV:
+    """Frees the blocks P pinned for a handed-off request (`KVExport.lease_id`); idempotent."""
+
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class ReserveKV:
+    """Takes fresh blocks for positions [0, num_tokens); `reply` gets their ids in order, None if
+    the pool is short now, or the engine's ValueError."""
+
+    request_id: str
+    token_ids: list[int]
+    num_tokens: int
+    loop: asyncio.AbstractEventLoop
+    reply: asyncio.Future[list[int] | None]
+
+
+@dataclass(frozen=True)
+class DropReserved:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    """Runs a request whose reserved blocks now hold its prompt's KV, continuing after
+    `first_token_ids` with the sampler's `seed`; outputs go to `sink` as for AddRequest."""
+
+    request: EngineRequest
+    first_token_ids: list[int]
+    seed: int
+    cumulative_logprob: float
+    num_cached_prompt_tokens: int
+    sink: OutputSink
+
+
+EngineCommand = AddRequest | AbortRequest | ReleaseKV | ReserveKV | DropReserved | ResumeRequest

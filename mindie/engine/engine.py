@@ -24,7 +24,7 @@ import torch
 from mindie.config import EngineConfig
 from mindie.engine.block_manager import BlockManager
 from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
-from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from mindie.engine.request import EngineRequest, FinishReason, KVExport, RequestOutput, TokenLogprob
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
 from mindie.engine.stats import EngineStats
@@ -32,6 +32,12 @@ from mindie.model.loader import LoadedModel
 from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
+
+LEASE_PREFIX = "pd-lease:"  # block-table ids of P's pinned exports, apart from any sequence's
+
+
+def _seq_id(request_id: str) -> str:
+    return f"{request_id}#0"
 
 
 class StepInfo(NamedTuple):
@@ -69,6 +75,7 @@ class LLMEngine:
         # L reports the first L of them
         self._beam_steps: dict[str, list[tuple[int, float]]] = {}
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self.reserved: set[str] = set()  # D: request ids holding blocks for KV being pulled
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -91,18 +98,11 @@ class LLMEngine:
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
-        max_new = min(params.max_tokens or self.config.max_iter_times, self.config.max_iter_times)
-        max_total = min(prompt_len + max_new, self.config.max_seq_len, self.loaded.config.max_position)
-        # All beams of a group must fit at once even sharing no block (as when they are recomputed
-        # after a preemption), so that a group alone in the pool always completes.
-        capacity = self.blocks.num_blocks // width * self.blocks.block_size
-        if max_total > capacity:
-            max_total = capacity
-        if max_total <= prompt_len:
-            raise ValueError(
-                f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
-                f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
-            )
+        max_total = self._max_total(request, width)
+        if request.handoff and (width > 1 or params.num_samples > 1):
+            raise ValueError("only a single-sample request can be handed off after its first token")
+        if request.handoff and self.blocks.has(LEASE_PREFIX + request.request_id):
+            raise ValueError(f"request id {request.request_id!r} still has KV blocks held for a decode node")
         base_seed = params.seed if params.seed is not None else secrets.randbits(64)
         if request.grammar is not None and params.use_beam_search:
             raise ValueError("use_beam_search cannot be combined with structured output or required tool calls")
@@ -125,6 +125,102 @@ class LLMEngine:
         self.requests[request.request_id] = samples
         for seq in samples:
             self.scheduler.add(seq)
+
+    def _max_total(self, request: EngineRequest, width: int) -> int:
+        """Prompt + the most tokens the request may reach; ValueError if that leaves no output."""
+        prompt_len = len(request.prompt_token_ids)
+        params = request.params
+        max_new = min(params.max_tokens or self.config.max_iter_times, self.config.max_iter_times)
+        max_total = min(prompt_len + max_new, self.config.max_seq_len, self.loaded.config.max_position)
+        # All beams of a group must fit at once even sharing no block (as when they are recomputed
+        # after a preemption), so that a group alone in the pool always completes.
+        capacity = self.blocks.num_blocks // width * self.blocks.block_size
+        if max_total > capacity:
+            max_total = capacity
+        if max_total <= prompt_len:
+            raise ValueError(
+                f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
+                f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
+            )
+        return max_total
+
+    # --- prefill/decode disaggregation ---------------------------------------------------------
+    # P: a `handoff` request stops after its first token with its prompt's blocks pinned under a
+    # lease (`_hand_off`); `release_kv` drops the lease once D has pulled them or the lease expired.
+    # D: `reserve_kv` takes fresh blocks for the incoming KV (not registered in the prefix cache
+    # until they hold it), the transport writes them, and `resume` turns them into a running
+    # sequence that continues from the first token exactly as P's would have; `drop_reserved`
+    # gives them back when the pull failed.
+
+    def release_kv(self, lease_id: str) -> None:
+        """Frees the blocks pinned under a lease; unknown (already released) leases are ignored."""
+        if lease_id.startswith(LEASE_PREFIX) and self.blocks.has(lease_id):
+            self.blocks.free(lease_id)
+
+    def reserve_kv(self, request_id: str, token_ids: list[int], num_tokens: int) -> list[int] | None:
+        """Fresh blocks for positions [0, num_tokens) of request_id's only sample, in order; None if
+        the pool has too few now. ValueError if the id is in use."""
+        seq_id = _seq_id(request_id)
+        if request_id in self.requests or self.blocks.has(seq_id):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if self.blocks.allocate(seq_id, token_ids, num_tokens, reuse_prefix=False) is None:
+            return None
+        self.reserved.add(request_id)
+        return self.blocks.block_table(seq_id)
+
+    def drop_reserved(self, request_id: str) -> None:
+        if request_id in self.reserved:
+            self.reserved.discard(request_id)
+            self.blocks.free(_seq_id(request_id))
+
+    def resume(self, request: EngineRequest, first_token_ids: list[int], seed: int,
+               cumulative_logprob: float, num_cached_prompt_tokens: int = 0) -> None:
+        """Continues a request handed off by P: its reserved blocks hold the prompt's KV, its
+        first tokens are already emitted. The detokenizer and grammar matcher are replayed over
+        them, so stop strings, held-back text and the grammar continue where P left off; the
+        seeded sampler draws by (seed, tokens so far), so it continues too. ValueError (the
+        reservation dropped) if the request cannot run here."""
+        rid = request.request_id
+        if rid not in self.reserved:
+            raise ValueError(f"request {rid!r} has no reserved KV blocks")
+        try:
+            if request.params.use_beam_search or request.params.num_samples != 1:
+                raise ValueError("only a single-sample request can be resumed")
+            max_total = self._max_total(request, 1)
+            if len(request.prompt_token_ids) + len(first_token_ids) >= max_total:
+                raise ValueError("the request has no room left for output here")
+        except ValueError:
+            self.drop_reserved(rid)
+            raise
+        self.reserved.discard(rid)
+        params = request.params
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                       skip_special_tokens=params.skip_special_tokens, stop=params.stop,
+                                       include_stop_str_in_output=params.include_stop_str_in_output)
+        detok.append(first_token_ids)
+        matcher = request.grammar.matcher() if request.grammar is not None else None
+        for token in first_token_ids:
+            if matcher is not None:
+                matcher.advance(token)
+        seq = Sequence(request, 0, seed, max_total, detok, matcher=matcher,
+                       token_ids=list(request.prompt_token_ids) + list(first_token_ids))
+        seq.num_computed_tokens = len(request.prompt_token_ids)
+        seq.cumulative_logprob = cumulative_logprob
+        seq.num_cached_prompt_tokens = num_cached_prompt_tokens  # P's prefix-cache hit, reported as is
+        seq.first_scheduled_time = seq.first_token_time = seq.ready_time = time.monotonic()
+        self.blocks.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        self.requests[rid] = [seq]
+        self.scheduler.resume(seq)
+
+    def _hand_off(self, seq: Sequence, tokens: list[int], lps: list[TokenLogprob], text: str,
+                  timing: tuple[int, float]) -> RequestOutput:
+        lease_id = LEASE_PREFIX + seq.request.request_id
+        self.blocks.fork(seq.seq_id, lease_id)  # the lease holds the blocks once the sequence lets go
+        export = KVExport(lease_id, self.blocks.block_table(lease_id), seq.num_computed_tokens)
+        self.scheduler.remove(seq)
+        del self.requests[seq.request.request_id]
+        out = self._output(seq, tokens, lps, text, None, timing, request_done=True)
+        return dataclasses.replace(out, kv=export)
 
     def _add_beam_search(self, request: EngineRequest, max_total: int, seed: int) -> None:
         params = request.params
@@ -292,7 +388,9 @@ class LLMEngine:
             if reason is None and seq.matcher is not None and (not seq.matcher.advance(token)
                                                                or seq.matcher.is_finished()):
                 reason = FinishReason.EOS  # the value is complete (the mask allows nothing else)
-            if reason is None:
+            if reason is None and seq.request.handoff:
+                outputs.append(self._hand_off(seq, [token], [lp], delta.text, (step.batch_size, wait_s)))
+            elif reason is None:
                 outputs.append(self._output(seq, [token], [lp], delta.text, None, (step.batch_size, wait_s)))
             else:
                 outputs.append(self._finish(seq, reason, [token], [lp], delta.text, (step.batch_size, wait_s)))

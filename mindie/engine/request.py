@@ -143,11 +143,24 @@ class EngineRequest:
     # What every sample's output must follow (a compiled mindie.structured Grammar): the sampler
     # masks each step's logits to the tokens it allows, and the sample ends when it is complete.
     grammar: Grammar | None = None
+    # Prefill/decode disaggregation, on P: after the first token the engine stops the request and
+    # keeps its prompt's KV blocks pinned under a lease (`RequestOutput.kv`) for D to pull.
+    handoff: bool = False
 
     def __post_init__(self) -> None:
         _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)
         _check(len(self.prompt_token_ids) > 0, "prompt", "non-empty", "")
         _check(self.timeout_s is None or self.timeout_s > 0, "timeout", "> 0 seconds", self.timeout_s)
+
+
+@dataclass(frozen=True)
+class KVExport:
+    """A handed-off request's KV on P: `block_ids` hold positions [0, num_tokens) in order and stay
+    pinned under `lease_id` until the engine is told to release it."""
+
+    lease_id: str
+    block_ids: list[int]
+    num_tokens: int
 
 
 @dataclass
@@ -188,6 +201,8 @@ class RequestOutput:
     # in sequences_scores. A beam request's outputs come at its end, one per hypothesis, best
     # first, each with all its tokens and text.
     beam_score: float | None = None
+    # A handoff request's last output on P: no finish reason, request_done set, and its KV here.
+    kv: KVExport | None = None
 
     @property
     def finished(self) -> bool:

@@ -68,6 +68,12 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
 
+    def resume(self, seq: Sequence) -> None:
+        """Adds a sequence that arrives holding its blocks and computed KV (a request P handed
+        off): it runs from the next step like any running sequence."""
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

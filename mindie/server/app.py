@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mindie import __version__
-from mindie.server import management
+from mindie.server import decode, dmi, management
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, describe, validate
 from mindie.server.handler import generation
@@ -34,6 +34,7 @@ from mindie.server.streams import ClientGone, GenerationTimeout
 log = logging.getLogger("mindie.server")
 
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+INTERCOMM = "intercomm"  # P <-> D control calls on interCommPort, in inferMode dmi only
 Handler = Callable[..., Awaitable[Response]]
 
 
@@ -129,6 +130,13 @@ ROUTES: list[RouteSpec] = [
     RouteSpec(MANAGEMENT, "GET", "/v2/status", management.status_v2),
     RouteSpec(MANAGEMENT, "GET", "/stopService", management.stop_service),
     RouteSpec(METRICS, "GET", "/metrics", management.metrics),
+    RouteSpec(BUSINESS, "GET", "/dresult", decode.dresult, summary="PD decode node: the record stream"),
+    RouteSpec(MANAGEMENT, "POST", "/v1/role/{role}", dmi.set_role),
+    RouteSpec(MANAGEMENT, "POST", "/v2/role/{role}", dmi.set_role),
+]
+DMI_ROUTES: list[RouteSpec] = [
+    RouteSpec(INTERCOMM, "POST", "/pd/v1/decode", decode.decode),
+    RouteSpec(INTERCOMM, "POST", "/pd/v1/release", dmi.release),
 ]
 
 
@@ -226,9 +234,12 @@ def build_apps(ctx: Serving) -> dict[tuple[str, int], Starlette]:
     addresses coincide, as in MindIE."""
     s = ctx.settings
     address = {BUSINESS: (s.host, s.port), MANAGEMENT: (s.management_host, s.management_port),
-               METRICS: (s.management_host, s.metrics_port)}
+               METRICS: (s.management_host, s.metrics_port), INTERCOMM: (s.host, s.inter_comm_port)}
     routes: dict[tuple[str, int], list[Route]] = {}
-    for spec in ROUTES:
+    if ctx.pd is not None:
+        ctx.pd.routes = [dmi.GenerationRoute(spec.path, spec.handler.parse) for spec in ROUTES
+                         if hasattr(spec.handler, "parse")]
+    for spec in ROUTES + (DMI_ROUTES if ctx.pd is not None else []):
         routes.setdefault(address[spec.plane], []).append(Route(spec.path, _endpoint(ctx, spec), methods=[spec.method]))
     doc = openapi_document(ctx)
 

@@ -80,9 +80,11 @@ _SERVER: dict[str, _Key] = {
     "metricsTlsCaFile": _PATHS, "metricsTlsCert": _PATH, "metricsTlsPk": _PATH,
     "metricsTlsPkPwd": _PATH, "metricsTlsCrlPath": _PATH, "metricsTlsCrlFiles": _PATHS,
     "kmcKsfMaster": _PATH, "kmcKsfStandby": _PATH,
-    "inferMode": _Key(str, choices=("standard",)),
-    "interCommTLSEnabled": _Key(bool, honoured=False),
-    "interCommPort": _Key(int, 1024, 65535, honoured=False),
+    "inferMode": _Key(str, choices=("standard", "dmi")),
+    "interCommTLSEnabled": _Key(bool),
+    "interCommPort": _PORT,
+    # Ours, not MindIE's: the shared secret P and D present to each other (MindIE uses mutual TLS).
+    "interCommToken": _Key(str),
     "interCommTlsCaPath": _PATH, "interCommTlsCaFiles": _PATHS, "interCommTlsCert": _PATH,
     "interCommPk": _PATH, "interCommPkPwd": _PATH, "interCommTlsCrlPath": _PATH, "interCommTlsCrlFiles": _PATHS,
     "openAiSupport": _Key(str, honoured=False),  # one OpenAI handler: the vLLM-flavoured one
@@ -130,7 +132,7 @@ _MODEL: dict[str, _Key] = {
     "npuMemSize": _Key((int, float), -1, _INT_MAX),
     "backendType": _Key(str, honoured=False),
     "trustRemoteCode": _Key(bool, choices=(False,)),
-    "kv_trans_timeout": _Key(int, honoured=False),
+    "kv_trans_timeout": _Key(int, 1, 3600),
     "kv_link_timeout": _Key(int, honoured=False),
     "async_scheduler_wait_time": _Key(int, honoured=False),
     "plugin_params": _Key(str),
@@ -171,6 +173,8 @@ _TOP: dict[str, _Key] = {
     "LogConfig": _Key(dict, honoured=False),
     "EnableDynamicAdjustTimeoutConfig": _BOOL,
 }
+
+TOKEN_ENV = "MINDIE_INTERCOMM_TOKEN"  # overrides ServerConfig.interCommToken
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
 
@@ -223,6 +227,20 @@ class ServerSettings:
     queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch
     engine: EngineConfig = field(default_factory=EngineConfig)
     ignored: tuple[str, ...] = ()  # accepted keys that have no effect here
+    # Prefill/decode disaggregation (inferMode "dmi"): the P<->D control port (interCommPort) on
+    # the business IP, the KV transfer listener (interCommPort + 1; 0 picks a free port), the
+    # deadline of one KV pull (kv_trans_timeout; P's lease on unreleased blocks is twice it),
+    # the inter-instance token, and the /dresult keep-alive interval.
+    infer_mode: str = "standard"
+    inter_comm_port: int = 1121
+    kv_transfer_port: int = 1122
+    kv_trans_timeout_s: float = 10
+    inter_comm_token: str | None = None
+    dresult_heartbeat_s: float = 5.0
+
+    @property
+    def dmi(self) -> bool:
+        return self.infer_mode == "dmi"
 
     def __post_init__(self) -> None:
         for name, ip in (("ipAddress", self.host), ("managementIpAddress", self.management_host)):
@@ -235,6 +253,9 @@ class ServerSettings:
                     f"ServerConfig.{name} is {ip}, which listens on every interface; set "
                     "ServerConfig.allowAllZeroIpListening to true to allow it"
                 )
+        if self.dmi and not self.inter_comm_token:
+            raise ConfigError("ServerConfig.inferMode is dmi but no inter-instance token is set: set "
+                              f"ServerConfig.interCommToken or the environment variable {TOKEN_ENV}")
         if not _MODEL_NAME.fullmatch(self.model_name):
             raise ConfigError(
                 "ModelConfig.modelName must be 1-256 characters of [A-Za-z0-9._-], not starting or ending "
@@ -304,6 +325,15 @@ class ServerSettings:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         truncation = deploy.get("truncation", 0)
+        infer_mode = server.get("inferMode", "standard")
+        if infer_mode == "dmi" and server.get("interCommTLSEnabled", False):
+            raise ConfigError("ServerConfig.interCommTLSEnabled is true, but TLS between P and D is not implemented "
+                              "here: set it to false (P and D authenticate with ServerConfig.interCommToken)")
+        inter_comm_port = server.get("interCommPort", 1121)
+        if infer_mode != "dmi":
+            ignored += [f"ServerConfig.{k}" for k in ("interCommTLSEnabled", "interCommPort", "interCommToken")
+                        if k in server]
+            ignored += ["ModelConfig[0].kv_trans_timeout"] if "kv_trans_timeout" in model else []
         timeouts_max = top.get("EnableDynamicAdjustTimeoutConfig", False)
         return cls(
             host=os.environ.get("MIES_CONTAINER_IP") or server.get("ipAddress", "127.0.0.1"),
@@ -328,6 +358,11 @@ class ServerSettings:
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,
             engine=engine,
             ignored=tuple(ignored),
+            infer_mode=infer_mode,
+            inter_comm_port=inter_comm_port,
+            kv_transfer_port=inter_comm_port + 1 if inter_comm_port < 65535 else 0,
+            kv_trans_timeout_s=model.get("kv_trans_timeout", 10),
+            inter_comm_token=os.environ.get(TOKEN_ENV) or server.get("interCommToken"),
         )
 
     @classmethod

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mindie.server.errors import APIError
+from mindie.server.prefill import prefill
 from mindie.server.protocols.base import Call, Renderer
 from mindie.server.responses import json_response
 from mindie.server.results import Result
@@ -21,6 +22,8 @@ Parse = Callable[[Serving, bytes, Mapping[str, str]], Awaitable[tuple[Call, Rend
 
 def generation(parse: Parse) -> Callable[[Serving, Request, bytes], Awaitable[Response]]:
     async def handle(ctx: Serving, request: Request, body: bytes) -> Response:
+        if ctx.pd is not None:  # inferMode dmi: the prefill node's flow, same parse and renderer
+            return await prefill(ctx, request, body, parse)
         call, renderer = await parse(ctx, body, request.path_params)
         streams = await ctx.start(call)
         if not call.stream:
@@ -28,6 +31,7 @@ def generation(parse: Parse) -> Callable[[Serving, Request, bytes], Awaitable[Re
         return StreamingResponse(_events(streams, renderer), media_type=renderer.media_type,
                                  headers={"Cache-Control": "no-cache"})
 
+    handle.parse = parse  # type: ignore[attr-defined]  # a decode node parses P's body again with it
     return handle
 
 

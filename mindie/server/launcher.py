@@ -21,6 +21,7 @@ from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
 from mindie.server.app import build_apps
 from mindie.server.config import ServerSettings
+from mindie.server.dmi import PDNode
 from mindie.server.metrics import ServerMetrics
 from mindie.server.serving import Serving
 
@@ -47,7 +48,10 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     engine = LLMEngine(loaded, settings.engine)
     steps.update(1)
     steps.close()
-    return Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name))
+    serving = Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name))
+    if settings.dmi:
+        serving.pd = PDNode(settings, serving.engine)
+    return serving
 
 
 def _ssl_options(settings: ServerSettings) -> dict[str, object]:
@@ -128,7 +132,8 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
             for (host, port), _ in apps.items():
                 planes = [name for name, addr in (("business", (ctx.settings.host, ctx.settings.port)), (
                     "management", (ctx.settings.management_host, ctx.settings.management_port)), (
-                    "metrics", (ctx.settings.management_host, ctx.settings.metrics_port))) if addr == (host, port)]
+                    "metrics", (ctx.settings.management_host, ctx.settings.metrics_port)), (
+                    "intercomm", (ctx.settings.host, ctx.settings.inter_comm_port))) if addr == (host, port)]
                 print(f"{'+'.join(planes)} plane listening on {scheme}://{host}:{port}", file=sys.stderr)
             print(f"serving {ctx.settings.model_name}; Ctrl-C to stop", file=sys.stderr)
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -137,6 +142,8 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     ctx.engine.shutdown()
+    if ctx.pd is not None:
+        ctx.pd.close()
     failed = [t.exception() for t in tasks if t.exception() is not None] or [
         None for listener in listeners if not listener.started]
     if failed:

@@ -96,17 +96,25 @@ def _resources(ctx: Serving) -> dict[str, Any]:
             "freeCpuBlockNums": 0, "totalNpuBlockNums": stats.total_blocks, "totalCpuBlockNums": 0}
 
 
+def _role(ctx: Serving) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(service, linkStatus.peers): PD-mixed is always ready with role none."""
+    if ctx.pd is None:
+        return {"roleStatus": "RoleReady", "currentRole": "none"}, []
+    state = ctx.pd.status()
+    return state["service"], state["peers"]
+
+
 async def status(ctx: Serving, request: Request) -> Response:
-    return json_response({"service": {"roleStatus": "RoleReady", "currentRole": "none"},
-                          "resource": _resources(ctx), "linkStatus": {"peers": []}})
+    service, peers = _role(ctx)
+    return json_response({"service": service, "resource": _resources(ctx), "linkStatus": {"peers": peers}})
 
 
 async def status_v2(ctx: Serving, request: Request) -> Response:
     r = _resources(ctx)
     r.update(totalAvailNpuSlotsNum=r["availSlotsNum"], totalAvailNpuBlockNum=r["availBlockNum"],
              maxAvailNpuBlockNum=r["availBlockNum"], dpInstMap={"0": r["availBlockNum"]})
-    return json_response({"service": {"roleStatus": "RoleReady", "currentRole": "none"}, "resource": r,
-                          "linkStatus": {"peers": []}})
+    service, peers = _role(ctx)
+    return json_response({"service": service, "resource": r, "linkStatus": {"peers": peers}})
 
 
 async def slot_count(ctx: Serving, request: Request) -> Response:

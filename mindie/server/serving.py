@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
@@ -20,6 +21,9 @@ from mindie.server.results import Result
 from mindie.server.streams import OutputStream, merge, until_disconnect
 from mindie.structured.grammar import GrammarCompiler
 from mindie.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mindie.server.dmi import PDNode
 
 MAX_INPUT_CHARS = 4 * 2**20  # characters of one text input (the spec's 4 MB)
 MAX_INPUT_TOKENS = 2**20  # tokens of one prompt, whatever the configuration allows
@@ -39,6 +43,7 @@ class Serving:
         self.draining = False
         self.max_n = min(MAX_N, settings.max_n, settings.engine.max_batch_size)
         self.grammars = GrammarCompiler(self.tokenizer)
+        self.pd: PDNode | None = None  # the prefill/decode role, in inferMode dmi
 
     # --- prompts -------------------------------------------------------------------------------
 
@@ -103,22 +108,28 @@ class Serving:
             raise APIError(429, f"too many requests in flight (limit 3 x maxLinkNum = "
                                 f"{3 * self.settings.max_link_num}); retry later", headers={"Retry-After": "1"})
 
-    async def start(self, call: Call) -> list[OutputStream]:
+    async def start(self, call: Call, request_id: str | None = None) -> list[OutputStream]:
         """Admits and names each of the call's requests and queues it on the engine; on any
-        refusal, closes those already started and raises."""
+        refusal, closes those already started and raises. `request_id` names the requests
+        instead of the server's counter (a PD req-id: request k > 0 gets "<id>-<k>")."""
         streams: list[OutputStream] = []
         try:
-            for request in call.requests:
-                streams.append(await self._start_one(request, call, None if streams else call.user_id))
+            for k, request in enumerate(call.requests):
+                name = None if request_id is None else request_id if k == 0 else f"{request_id}-{k}"
+                streams.append(await self._start_one(request, call, None if streams else call.user_id, name))
         except BaseException:
             for s in streams:
                 await s.aclose()
             raise
         return streams
 
-    async def _start_one(self, request: EngineRequest, call: Call, user_id: str | None) -> OutputStream:
+    async def _start_one(self, request: EngineRequest, call: Call, user_id: str | None,
+                         request_id: str | None = None) -> OutputStream:
         self.admit()
-        request_id = f"endpoint_common_{next(self._ids)}"
+        if request_id is None:
+            request_id = f"endpoint_common_{next(self._ids)}"
+        elif request_id in self.in_flight:
+            raise APIError(400, f"req-id {request_id} is already in use by a running request", "req-id")
         if user_id is not None:
             if user_id in self._by_user_id:
                 raise APIError(422, f"id {user_id!r} is already in use by a running request", "id")
@@ -149,6 +160,8 @@ class Serving:
         request_id = self._by_user_id.get(some_id, some_id)
         if request_id not in self.in_flight:
             return False
+        if self.pd is not None:
+            self.pd.stop(request_id)
         self.engine.abort(request_id)
         return True
 

@@ -40,13 +40,15 @@ class OutputStream:
     however it ends, the server forgets the request."""
 
     def __init__(self, serving: Serving, request: EngineRequest, call: Call,
-                 outputs: AsyncIterator[RequestOutput]) -> None:
+                 outputs: AsyncIterator[RequestOutput], continued: bool = False) -> None:
+        """`continued`: the request's first output was produced elsewhere (a PD prefill node),
+        so the first one here is timed as a decode step."""
         self.serving = serving
         self.request = request
         self.call = call
         self._outputs = outputs
         self._start = time.monotonic()
-        self._last: dict[int, float] = {}
+        self._last: dict[int, float] = {0: self._start} if continued else {}
         self._first_token_s: float | None = None
         self._num_tokens = 0
         self.done = False

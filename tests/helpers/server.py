@@ -64,6 +64,10 @@ class RunningServer:
                 time.sleep(0.025)
         raise TimeoutError("the test server did not start")
 
+    def call_soon(self, fn, *args) -> None:
+        """Runs fn(*args) on the server's event loop, as its own tasks would."""
+        self._loop.call_soon_threadsafe(fn, *args)
+
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)

@@ -13,7 +13,7 @@ import mindie.server.protocols as protocols
 
 PROTOCOLS = [f"mindie.server.protocols.{m.name}" for m in pkgutil.iter_modules(protocols.__path__)]
 WIRE = ["mindie.engine.request", "mindie.engine.stats", "mindie.server.results", "mindie.server.responses",
-        *PROTOCOLS]
+        "mindie.pd.records", "mindie.pd.params", "mindie.pd.http", *PROTOCOLS]
 HEAVY = ["torch", "mindie._C", "mindie.engine.engine"]
 # module -> its family; modules outside this table are shared by several families
 FAMILIES = {"native": "native", "tgi": "tgi", "vllm": "vllm", "triton": "triton", "openai": "openai",

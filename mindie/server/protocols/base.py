@@ -71,6 +71,16 @@ class Renderer(ABC):
         """An error after the stream started, as one last event."""
         return sse(err.body(self.style))
 
+    def carried(self) -> dict[str, Any]:
+        """Fields this renderer makes up itself (not from the request or the results) that a PD
+        decode node must reuse to continue the same response: an OpenAI `created`."""
+        return {}
+
+    def restore(self, carried: dict[str, Any]) -> None:
+        """Takes over what `carried` returned on the prefill node."""
+        if carried:
+            raise APIError(400, f"{type(self).__name__} carries no state, got {sorted(carried)}")
+
 
 def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -102,6 +102,14 @@ class ChatRenderer(Renderer):
         self.parsers = {i: ToolCallParser(self.names) for i in range(params.num_outputs)} if streams_calls else {}
         self.called: set[int] = set()
 
+    def carried(self) -> dict[str, Any]:
+        return {"created": self.created}
+
+    def restore(self, carried: dict[str, Any]) -> None:
+        created = carried.get("created")
+        if isinstance(created, int) and not isinstance(created, bool):
+            self.created = created
+
     def _head(self, results: list[Result], kind: str) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": kind, "created": self.created, "model": self.req.model}
 

@@ -95,6 +95,14 @@ class CompletionRenderer(Renderer):
         self.offsets: dict[tuple[int, int], int] = {}  # (prompt, sample) -> characters streamed so far
         self.done = 0  # requests whose last output has been rendered
 
+    def carried(self) -> dict[str, Any]:
+        return {"created": self.created}
+
+    def restore(self, carried: dict[str, Any]) -> None:
+        created = carried.get("created")
+        if isinstance(created, int) and not isinstance(created, bool):
+            self.created = created
+
     def _head(self, results: list[Result]) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": "text_completion", "created": self.created,
                 "model": self.req.model}

@@ -1,0 +1,251 @@
+"""An instance in prefill/decode disaggregation (`inferMode: "dmi"`): its role, its peers, the
+checks every PD request passes, and the pieces the P flow (server/prefill.py) and the D flow
+(server/decode.py) share: the KV transport, P's leases on exported blocks, D's /dresult stream.
+
+The server starts with no role: inference answers 503 until the coordinator (or a controller)
+POSTs `/v1/role/{prefill|decode|flex}` with MindIE's body. P talks only to the D instances named
+as its peers there, and D accepts decode calls and serves pulls only for the P instances named as
+its peers; every call between instances carries the shared inter-instance token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import compile_path
+
+from mindie.engine.commands import ReleaseKV
+from mindie.pd.http import TOKEN_HEADER
+from mindie.pd.transport import KVArena, KVLayout, TCPTransport
+from mindie.server.dresult import DResultDispatcher
+from mindie.server.errors import APIError
+from mindie.server.responses import json_response
+
+log = logging.getLogger("mindie.server.dmi")
+
+ROLES_V1 = ("prefill", "decode", "flex")
+ROLES_V2 = ("prefill", "decode")
+UNKNOWN_STATUS = "The server cannot process the inference request due to an unknown status."
+BAD_ROLE_BODY = "Req body converts to json fail. Reset to previous node status."
+REQ_ID = re.compile(r"[0-9a-fA-F]{1,1024}")
+
+
+@dataclass(frozen=True)
+class PDHeaders:
+    req_id: str
+    d_host: str
+    d_port: int  # D's interCommPort: from d-target, else the same as this instance's
+
+
+@dataclass(frozen=True)
+class GenerationRoute:
+    template: str  # e.g. /v2/models/{model}/generate
+    parse: Callable[..., Any]  # the family's parse (server/handler.py's Parse)
+
+    def match(self, path: str) -> dict[str, str] | None:
+        m = compile_path(self.template)[0].match(path)
+        return m.groupdict() if m else None
+
+
+class PDNode:
+    def __init__(self, settings: Any, engine: Any) -> None:
+        if not settings.inter_comm_token:
+            raise ValueError("a PD node needs the inter-instance token (ServerConfig.interCommToken)")
+        self.settings = settings
+        self.token: str = settings.inter_comm_token
+        self.engine = engine  # the AsyncEngine
+        self.role = "none"
+        self.p_percentage: int | None = None
+        self.peers: dict[str, str] = {}  # peer server_ip -> link state (waiting / success / failed)
+        self.routes: list[GenerationRoute] = []  # set by build_apps
+        self.dispatcher = DResultDispatcher(settings.dresult_heartbeat_s)
+        self.leases: dict[str, tuple[str, asyncio.TimerHandle]] = {}  # P: req-id -> (lease id, expiry)
+        self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
+        self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
+        inner = engine.engine
+        caches = inner.runner.kv_caches
+        k0 = caches[0][0]
+        self.layout = KVLayout(model=settings.model_name, dtype=str(k0.dtype).removeprefix("torch."),
+                               num_layers=len(caches), num_kv_heads=k0.shape[2], head_dim=k0.shape[3],
+                               block_size=k0.shape[1], weight_format=type(inner.loaded.model).__name__)
+        arena = KVArena([(k.view(torch.uint8).numpy(), v.view(torch.uint8).numpy()) for k, v in caches])
+        self.transport = TCPTransport(arena, self.layout, self.token, settings.host,
+                                      settings.kv_transfer_port, settings.kv_trans_timeout_s)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # --- role --------------------------------------------------------------------------------
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.role == "prefill" or (self.role == "flex" and self.p_percentage != 0)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.role in ("decode", "flex")
+
+    def status(self) -> dict[str, Any]:
+        service: dict[str, Any] = {"roleStatus": "RoleUnknown" if self.role == "none" else "RoleReady",
+                                   "currentRole": self.role}
+        if self.role == "flex":
+            service["p_percentage"] = self.p_percentage
+        return {"service": service, "peers": [{"target": ip, "link": state} for ip, state in self.peers.items()]}
+
+    def set_role(self, role: str, body: bytes, v2: bool) -> None:
+        local, peers = _role_body(body, v2)
+        p_percentage = local[0].get("p_percentage") if role == "flex" else None
+        if p_percentage is not None and not (isinstance(p_percentage, int) and 0 <= p_percentage <= 100):
+            raise APIError(422, BAD_ROLE_BODY, "p_percentage")
+        self.role, self.p_percentage = role, p_percentage
+        self.peers = {p["server_ip"]: self.peers.get(p["server_ip"], "waiting") for p in peers}
+
+    def link(self, peer: str, ok: bool) -> None:
+        if peer in self.peers:
+            self.peers[peer] = "success" if ok else "failed"
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def check_inference(self) -> None:
+        if self.role == "none":
+            raise APIError(503, UNKNOWN_STATUS)
+        if not self.is_prefill:
+            raise APIError(400, "DMI inference requests can be sent only to the prefill node or p_percentage of "
+                                "the flex node == 0")
+
+    def check_token(self, request: Request) -> None:
+        got = request.headers.get(TOKEN_HEADER, "").encode()
+        if not hmac.compare_digest(got, self.token.encode()):
+            raise APIError(401, f"the inter-instance token ({TOKEN_HEADER}) is missing or wrong")
+
+    def check_peer(self, request: Request) -> None:
+        host = request.client.host if request.client else ""
+        if host not in self.peers:
+            log.warning("refused a call from %s: not a peer", host)
+            raise APIError(403, "the caller is not a peer of this instance (see /v1/role)")
+
+    # --- P: leases on exported blocks --------------------------------------------------------
+
+    def hold(self, req_id: str, lease_id: str) -> None:
+        """Keeps the blocks until D releases them, or for 2 x kv_trans_timeout at most."""
+        expiry = asyncio.get_running_loop().call_later(2 * self.settings.kv_trans_timeout_s, self.release, req_id)
+        self.leases[req_id] = (lease_id, expiry)
+
+    def release(self, req_id: str) -> bool:
+        held = self.leases.pop(req_id, None)
+        if held is None:
+            return False
+        lease_id, expiry = held
+        expiry.cancel()
+        self.transport.release(req_id)
+        self.engine.submit(ReleaseKV(lease_id))
+        return True
+
+    # --- D -----------------------------------------------------------------------------------
+
+    def stop(self, req_id: str) -> None:
+        """stopInfer: a request whose KV is still on its way is dropped when it arrives."""
+        if req_id in self.decoding:
+            self.stopped.add(req_id)
+
+    def find_route(self, path: str) -> tuple[GenerationRoute, dict[str, str]] | None:
+        for route in self.routes:
+            params = route.match(path)
+            if params is not None:
+                return route, params
+        return None
+
+
+def parse_headers(request: Request, own_port: int) -> PDHeaders:
+    """The headers MindIE's P requires (mindie-api.md §3.20), each failure a 400 naming it."""
+    h = request.headers
+    req_id, req_type, d_target = h.get("req-id"), h.get("req-type"), h.get("d-target")
+    if req_id is None or req_type is None or d_target is None:
+        raise APIError(400, "DMI request must have req-type, req-id, d-target headers")
+    if not REQ_ID.fullmatch(req_id):
+        raise APIError(400, f"Invalid req-id {req_id[:64]!r}: it must be 1 to 1024 hexadecimal digits "
+                            "(the coordinator sends a decimal uint64)", "req-id")
+    if req_type != "prefill":
+        raise APIError(400, f"Parameter req-type must be prefill but got {req_type[:64]}", "req-type")
+    host, sep, port = d_target.partition(";")
+    try:
+        if not isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address):
+            raise ValueError
+        d_port = int(port) if sep else None
+        if d_port is not None and not 1 <= d_port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise APIError(400, f"Parameter d-target must be an IPv4 address, optionally followed by ;<interCommPort>, "
+                            f"got {d_target[:64]!r}", "d-target") from None
+    recompute = h.get("is-recompute")
+    if recompute not in (None, "true", "false"):
+        raise APIError(400, "Parameter is-recompute is an optional parameter, its value must be true or false",
+                       "is-recompute")
+    if recompute == "true":
+        # Our D recomputes a preempted request itself and never sends retry:, so a recompute
+        # request (its input the "N,p...,o..." id list) can only come from elsewhere.
+        raise APIError(400, "is-recompute: true is not supported by this server: its decode nodes never ask for "
+                            "a recompute", "is-recompute")
+    return PDHeaders(req_id, host, d_port or own_port)
+
+
+def _role_body(body: bytes, v2: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(local instances, peer instances) of a /v1 or /v2 role body; 422 if it is malformed."""
+    try:
+        raw = json.loads(body)
+        local, peers = raw["local"], raw["peers"]
+        locals_ = local if v2 else [local]
+        if not isinstance(locals_, list) or not locals_ or not isinstance(peers, list):
+            raise ValueError
+        for item in [*locals_, *peers]:
+            if not isinstance(item, dict):
+                raise ValueError
+            ipaddress.ip_address(item["server_ip"])
+            if ("id" in item) != ("host_ip" in item) and not v2:
+                raise ValueError  # MindIE: id and host_ip come together
+            if not isinstance(item.get("device", []), list):
+                raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise APIError(422, BAD_ROLE_BODY) from None
+    return locals_, peers
+
+
+async def set_role(ctx: Any, request: Request, body: bytes) -> Response:
+    """POST /v1/role/{role} and /v2/role/{role} (management plane)."""
+    node = _node(ctx)
+    v2 = request.url.path.startswith("/v2/")
+    role = request.path_params["role"]
+    if role not in (ROLES_V2 if v2 else ROLES_V1):
+        raise APIError(404, f"no role {role!r}; one of {list(ROLES_V2 if v2 else ROLES_V1)}", "role")
+    node.set_role(role, body, v2)
+    return json_response({"result": "OK"})
+
+
+async def release(ctx: Any, request: Request, body: bytes) -> Response:
+    """POST /pd/v1/release {"reqId"} (interCommPort): D is done with the blocks, pulled or not."""
+    node = _node(ctx)
+    node.check_token(request)
+    try:
+        req_id = json.loads(body)["reqId"]
+        if not isinstance(req_id, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise APIError(422, "the body must be {\"reqId\": \"<req-id>\"}", "reqId") from None
+    return json_response({"reqId": req_id, "released": node.release(req_id)})
+
+
+def _node(ctx: Any) -> PDNode:
+    if ctx.pd is None:
+        raise APIError(400, "this server is not in inferMode dmi (prefill/decode disaggregation)")
+    return ctx.pd

@@ -1,0 +1,133 @@
+"""P's side of a disaggregated request: every inference route, on a prefill node.
+
+The family's own parse runs as on one instance; the request runs to its first token and the
+family's renderer renders what a single instance would have streamed so far. If the request
+ended there (one token, EOS, a stop) P answers the whole result and nothing goes to D. Otherwise
+the engine has pinned the prompt's KV blocks (`RequestOutput.kv`); P publishes them on its KV
+transport under the req-id, holds them under a lease, tells D everything it needs to continue
+(`POST /pd/v1/decode`), and only once D has accepted answers the coordinator:
+`{"reqId", "isStream": true, "isLastResp": false, "output": "<events>"}`, or for a non-stream
+request `{"reqId", "isStream": false}`.
+
+A call P cannot hand off as one sequence (several prompts, n or best_of > 1, beam search) runs to
+its end on P and is answered whole, as one that ended at its first token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mindie.pd.http import PeerError, post_json
+from mindie.pd.params import DecodeParams
+from mindie.server.dmi import parse_headers
+from mindie.server.errors import APIError
+from mindie.server.protocols.base import Call, Renderer, dumps
+from mindie.server.responses import json_response
+from mindie.server.results import Result, StreamItem
+from mindie.server.streams import merge
+
+if TYPE_CHECKING:
+    from mindie.server.handler import Parse
+    from mindie.server.serving import Serving
+
+log = logging.getLogger("mindie.server.prefill")
+
+
+def _can_hand_off(call: Call) -> bool:
+    if len(call.requests) != 1:
+        return False
+    params = call.requests[0].params
+    return params.num_samples == 1 and not params.use_beam_search
+
+
+async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> Response:
+    node = ctx.pd
+    assert node is not None
+    node.check_inference()
+    headers = parse_headers(request, ctx.settings.inter_comm_port)
+    if headers.d_host not in node.peers:
+        raise APIError(400, f"Parameter d-target {headers.d_host} is not a decode peer of this instance "
+                            "(see /v1/role)", "d-target")
+    if headers.req_id in node.leases:
+        raise APIError(400, f"req-id {headers.req_id} is already in use: its KV is still held for a decode node",
+                       "req-id")
+    call, renderer = await parse(ctx, body, request.path_params)
+    try:
+        text = body.decode()  # D gets the body as a JSON string
+    except UnicodeDecodeError:
+        raise APIError(422, "the request body must be UTF-8 on a prefill node") from None
+    if _can_hand_off(call):
+        call = dataclasses.replace(call, requests=[dataclasses.replace(call.requests[0], handoff=True)])
+    started = time.time()
+    streams = await ctx.start(call, request_id=headers.req_id)
+    results = [Result.empty(s.request_id, s.request.params) for s in streams]
+    items: list[tuple[int, StreamItem]] = []
+    try:
+        async for k, item in merge(streams):
+            results[k].add(item)
+            items.append((k, item))
+    finally:
+        for s in streams:
+            await s.aclose()
+    export = items[-1][1].output.kv
+    if export is None:
+        return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items), last=True)
+    # The request goes on at D: to its renderers (here and there) this output is not its last.
+    k, last = items[-1]
+    items[-1] = (k, dataclasses.replace(last, output=dataclasses.replace(last.output, request_done=False, kv=None)))
+    output = _events(renderer, results, items) if call.stream else None
+    handle = node.transport.publish(headers.req_id, export.block_ids)
+    node.hold(headers.req_id, export.lease_id)
+    item = items[0][1]
+    route = node.find_route(request.url.path)
+    params = DecodeParams(
+        req_id=headers.req_id, msg_type=route[0].template if route else request.url.path, path=request.url.path,
+        body=text, is_stream=call.stream, tokens=call.requests[0].prompt_token_ids,
+        first_token=item.output.new_token_ids, first_items=[i for _, i in items], seed=item.output.seed,
+        cumulative_logprob=item.output.cumulative_logprob, renderer_state=renderer.carried(),
+        kv=handle, layout=node.layout,
+        p_node_addr=f"{ctx.settings.host}:{ctx.settings.inter_comm_port}",
+        metrics={"firstTokenCost": item.prefill_ms, "e2eStartTime": started})
+    try:
+        status, reply = await post_json(headers.d_host, headers.d_port, "/pd/v1/decode", params.to_json(),
+                                        node.token, ctx.settings.kv_trans_timeout_s)
+    except PeerError as exc:
+        node.release(headers.req_id)
+        node.link(headers.d_host, False)
+        log.warning("request %s: decode call to %s:%s failed: %s", headers.req_id, headers.d_host, headers.d_port, exc)
+        raise APIError(500, f"[P Node] Send D request failed:{exc}") from None
+    if status != 200 or not isinstance(reply, dict) or reply.get("isValidDecodeParameters") is not True:
+        node.release(headers.req_id)
+        if status in (401, 403, 409):  # token, peer list or KV layout: D refuses every request from here
+            node.link(headers.d_host, False)
+        why = reply.get("errorMessage") if isinstance(reply, dict) else None
+        raise APIError(500, f"[P Node] Send D request failed:{why or f'D answered HTTP {status}'}")
+    node.link(headers.d_host, True)
+    return _envelope(headers.req_id, call.stream, output, last=False)
+
+
+def _events(renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
+    chunks = list(renderer.begin(results))
+    for k, item in items:
+        chunks += renderer.event(k, item, results)
+    return b"".join(chunks).decode()
+
+
+def _whole(call: Call, renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
+    if call.stream:
+        return _events(renderer, results, items) + b"".join(renderer.end(results)).decode()
+    return dumps(renderer.whole(results))
+
+
+def _envelope(req_id: str, stream: bool, output: str | None, last: bool) -> Response:
+    body: Mapping[str, Any] = {"reqId": req_id, "isStream": stream}
+    if stream or last:
+        body = {**body, "isLastResp": last, "output": output or ""}
+    return json_response(body)

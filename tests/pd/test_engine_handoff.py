@@ -1,0 +1,98 @@
+"""The engine side of prefill/decode disaggregation without any transport: P stops a handoff
+request after its first token with its prompt's blocks pinned, D reserves blocks, the KV is
+copied across, and D's resumed request continues exactly as one engine would, greedy and seeded;
+every block comes back on both sides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mindie.config import EngineConfig
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
+from mindie.model.loader import load_model
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir):
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+def engine(loaded) -> LLMEngine:
+    return LLMEngine(loaded, EngineConfig(num_kv_blocks=32, block_size=4, max_seq_len=256, max_iter_times=64))
+
+
+def drain(e: LLMEngine) -> list[RequestOutput]:
+    outs = []
+    while e.has_unfinished():
+        outs += e.step()
+        e.blocks.check_invariants()
+    return outs
+
+
+def token_ids(outs: list[RequestOutput]) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=0.9, top_k=20, seed=1234, repetition_penalty=1.3,
+                   frequency_penalty=0.5, ignore_eos=True),
+], ids=["greedy", "seeded"])
+def test_handoff_continues_exactly(loaded, params):
+    prompt = list(range(3, 3 + 10))  # 10 tokens: 3 blocks of 4, the last partly full
+    single = engine(loaded)
+    single.add_request(EngineRequest("r", prompt, params))
+    expected = drain(single)
+
+    p, d = engine(loaded), engine(loaded)
+    p.add_request(EngineRequest("r", prompt, params, handoff=True))
+    [first] = drain(p)
+    assert first.finish_reason is None and first.request_done and first.kv is not None
+    assert first.new_token_ids == expected[0].new_token_ids and first.kv.num_tokens == len(prompt)
+    assert p.blocks.num_used_blocks() == len(first.kv.block_ids) == 3
+
+    dst = d.reserve_kv("r", prompt, first.kv.num_tokens)
+    assert dst is not None and len(dst) == 3
+    src_idx, dst_idx = torch.tensor(first.kv.block_ids), torch.tensor(dst)
+    for (pk, pv), (dk, dv) in zip(p.runner.kv_caches, d.runner.kv_caches):
+        dk[dst_idx], dv[dst_idx] = pk[src_idx], pv[src_idx]
+    p.release_kv(first.kv.lease_id)
+    assert p.blocks.num_used_blocks() == 0
+    d.resume(EngineRequest("r", prompt, params), first.new_token_ids, first.seed, first.cumulative_logprob)
+    rest = drain(d)
+    assert token_ids([first] + rest) == token_ids(expected)
+    assert "".join(o.new_text for o in [first] + rest) == "".join(o.new_text for o in expected)
+    assert rest[-1].finish_reason == expected[-1].finish_reason and rest[-1].request_done
+    assert d.blocks.num_used_blocks() == 0 and not d.reserved
+
+
+def test_handoff_that_ends_at_its_first_token_keeps_nothing(loaded):
+    p = engine(loaded)
+    p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=1, temperature=0), handoff=True))
+    [out] = drain(p)
+    assert out.finish_reason is not None and out.kv is None and p.blocks.num_used_blocks() == 0
+
+
+def test_a_held_lease_keeps_its_request_id(loaded):
+    p = engine(loaded)
+    p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0), handoff=True))
+    [out] = drain(p)
+    with pytest.raises(ValueError, match="still has KV blocks held"):
+        p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4), handoff=True))
+    p.release_kv(out.kv.lease_id)
+    p.release_kv(out.kv.lease_id)  # idempotent
+    assert p.blocks.num_used_blocks() == 0
+
+
+def test_reservation_refused_or_dropped(loaded):
+    d = engine(loaded)
+    assert d.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32
+    assert d.reserve_kv("r", [1, 2, 3], 3) is not None
+    with pytest.raises(ValueError, match="already in use"):
+        d.reserve_kv("r", [1, 2, 3], 3)
+    d.drop_reserved("r")
+    assert d.blocks.num_used_blocks() == 0
+    with pytest.raises(ValueError, match="no reserved KV"):
+        d.resume(EngineRequest("r", [1, 2, 3], SamplingParams()), [4], 0, 0.0)
