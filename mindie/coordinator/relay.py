@@ -189,7 +189,7 @@ class Relay:
             obj = json.loads(content)
         except (ValueError, UnicodeDecodeError):
             obj = None
-        ids = {self.tracked.req_id, self.tracked.alias}
+        ids = {self.tracked.req_id} | ({self.tracked.alias} if self.tracked.alias is not None else set())
         if (not isinstance(obj, dict) or obj.get("reqId") not in ids or not isinstance(obj.get("isStream"), bool)
                 or not isinstance(obj.get("output", ""), str) or not isinstance(obj.get("isLastResp", False), bool)):
             log.error("P answered request %s with %r", self.tracked.req_id, content[:300])
