@@ -1,4 +1,5 @@
-"""`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`"""
+"""`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`,
+`mindie coordinator --config ms_coordinator.json` (the prefill/decode coordinator)."""
 
 from __future__ import annotations
 

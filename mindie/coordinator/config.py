@@ -47,6 +47,8 @@ class _Key:
         if self.kind == "bool":
             if not isinstance(value, bool):
                 raise ConfigError(f"{path} must be true or false, got {value!r}")
+            if self.choices is not None and value not in self.choices:
+                raise ConfigError(f"{path} can only be {json.dumps(self.choices[0])} here, got {json.dumps(value)}")
             return value
         if self.kind in ("str", "ip"):
             if not isinstance(value, str):
