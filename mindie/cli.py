@@ -1,5 +1,6 @@
 """`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`,
-`mindie coordinator --config ms_coordinator.json` (the prefill/decode coordinator)."""
+`mindie coordinator --config ms_coordinator.json` (the prefill/decode coordinator),
+`mindie cluster --prefill N --decode M [--model ...]` (a PD cluster on this machine)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
                        "everything dense (exact); q8_0 / q4_0: quantize a Hugging Face model at load")
     coordinator = sub.add_parser("coordinator", help="the prefill/decode coordinator (MindIE MS ms_coordinator)")
     coordinator.add_argument("--config", required=True, help="an ms_coordinator.json, with the P/D `instances`")
+    from mindie.coordinator.cluster import add_arguments
+
+    add_arguments(sub.add_parser("cluster", help="a prefill/decode cluster on this machine: the coordinator on "
+                                 "127.0.0.1 and the instances on 127.0.0.2, 127.0.0.3, ..."))
     return parser
 
 
@@ -48,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "coordinator":
         _coordinator(args.config)
+        return
+    if args.command == "cluster":
+        from mindie.coordinator.cluster import main as cluster_main
+
+        cluster_main(args)
         return
     try:
         settings = settings_from_args(args)
