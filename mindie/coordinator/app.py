@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -171,13 +172,24 @@ def manage_app(coord: Coordinator) -> Starlette:
         if not isinstance(ids, list) or set(ids) != set(registry.instances):
             return _bad("this coordinator's instances are the static `instances` of its ms_coordinator.json: "
                         f"`ids` must be {sorted(registry.instances)}", "ids")
-        for entry in instances if isinstance(instances, list) else []:
-            inst = registry.instances.get(entry.get("id")) if isinstance(entry, dict) else None
-            dynamic = entry.get("dynamic_info") if inst is not None else None
-            if isinstance(dynamic, dict) and inst is not None:
-                slots, blocks = dynamic.get("avail_slots_num"), dynamic.get("avail_block_num")
-                if isinstance(slots, int) and isinstance(blocks, int):
-                    inst.avail_slots, inst.avail_blocks, inst.assigned_since_poll = slots, blocks, 0
+        if not isinstance(instances, list):
+            return _bad("instances must be a list", "instances")
+        updates = []
+        for k, entry in enumerate(instances):
+            entry_id = entry.get("id") if isinstance(entry, dict) else None
+            inst = registry.instances.get(entry_id) if isinstance(entry_id, int) else None
+            if inst is None:
+                return _bad(f"instances[{k}].id must be one of {sorted(registry.instances)}", f"instances[{k}].id")
+            dynamic = entry.get("dynamic_info", {})
+            slots, blocks = (dynamic.get("avail_slots_num"), dynamic.get("avail_block_num")) if isinstance(
+                dynamic, dict) else (None, None)
+            if "dynamic_info" in entry and not (isinstance(slots, int) and isinstance(blocks, int)):
+                return _bad(f"instances[{k}].dynamic_info needs integer avail_slots_num and avail_block_num",
+                            f"instances[{k}].dynamic_info")
+            if "dynamic_info" in entry:
+                updates.append((inst, slots, blocks))
+        for inst, slots, blocks in updates:
+            inst.avail_slots, inst.avail_blocks, inst.assigned_since_poll = slots, blocks, 0
         return Response(status_code=200)
 
     async def info(request: Request) -> Response:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
@@ -28,7 +28,7 @@ class ConfigError(ValueError):
     pass
 
 
-class Role(str, Enum):
+class Role(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
 

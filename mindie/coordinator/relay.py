@@ -138,7 +138,7 @@ class Relay:
         message = "Request first token timeout" if first == ft else "Request inference timeout"
         try:
             reply = await asyncio.wait_for(self._call_p(), self._remaining(first))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Failure(408, message, stop=True) from None
         self.tracked.state = State.FIRST_TOKEN_FINISH
         return reply
@@ -151,7 +151,7 @@ class Relay:
                 break
             try:
                 await self.coord.wait_change(self._remaining(deadline))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Failure(408, "Request schedule timeout") from None
         p, d = pair
         self.tracked.p, self.tracked.d = p, d
@@ -166,11 +166,11 @@ class Relay:
         headers.update({"req-id": self.tracked.req_id, "req-type": "prefill", "d-target": d.spec.d_target,
                         "d-port": str(d.spec.port)})
         url = f"{p.business_url}{self.request.url.path}"
+        timeout = httpx.Timeout(None, connect=self.cfg.http_timeout_s or None)  # the reply: first-token deadline
         self.tracked.state = State.REPEATED
         for attempt in range(P_CONNECT_ATTEMPTS):
             try:
-                reply = await self.coord.client.post(url, content=self.body, headers=headers,
-                                                     timeout=httpx.Timeout(None, connect=self.cfg.http_timeout_s or None))
+                reply = await self.coord.client.post(url, content=self.body, headers=headers, timeout=timeout)
                 break
             except httpx.ConnectError as exc:
                 log.warning("cannot reach %s (attempt %d): %s", p.spec.name, attempt + 1, exc)
@@ -200,7 +200,7 @@ class Relay:
         deadline = self._deadline(self.cfg.infer_timeout_s)
         try:
             return await asyncio.wait_for(self.tracked.records.get(), self._remaining(deadline))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Failure(408, "Request inference timeout", stop=True) from None
 
     async def _whole(self) -> Response:

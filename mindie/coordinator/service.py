@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from mindie.coordinator.config import CoordinatorConfig, Role
+from mindie.coordinator.config import CoordinatorConfig
 from mindie.coordinator.dresult import SILENCE_LIMIT_S, DResultLink
 from mindie.coordinator.instances import Instance, Registry
 from mindie.coordinator.requests import RequestTable, Tracked
@@ -87,9 +87,3 @@ class Coordinator:
                     continue
                 if reply.status_code < 500:  # 200, or 404: it had already finished there
                     break
-
-    def schedule(self) -> tuple[Instance, Instance] | None:
-        return self.scheduler.pick()
-
-    def counts(self) -> dict[str, int]:
-        return {role.value: sum(1 for i in self.registry.of_role(role) if i.schedulable) for role in Role}
