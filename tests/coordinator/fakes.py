@@ -183,6 +183,7 @@ class Cluster:
     prefills: list[FakeInstance]
     decodes: list[FakeInstance]
     client: httpx.AsyncClient
+    servers: list[uvicorn.Server]  # prefills then decodes
 
     @property
     def url(self) -> str:
@@ -224,7 +225,7 @@ async def cluster(n_p: int = 1, n_d: int = 1, silence_limit_s: float = 15.0, wai
     try:
         if wait_ready:
             await until(lambda: coord.registry.ready)
-        yield Cluster(coord, prefills, decodes, client)
+        yield Cluster(coord, prefills, decodes, client, servers)
     finally:
         await client.aclose()
         for d in decodes:

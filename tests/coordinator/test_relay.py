@@ -391,3 +391,25 @@ def test_tokenizer_is_answered_by_an_instance() -> None:
             assert reply.status_code == 200 and reply.json()["token_number"] == 2
 
     run(scenario())
+
+
+def test_an_unreachable_p_is_a_500_and_leaves_the_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("mindie.coordinator.instances.STATUS_POLL_S", 60)  # the request finds out first
+
+    async def scenario() -> None:
+        async with cluster() as c:
+            p = c.prefills[0]
+            c.servers[0].should_exit = True
+            while True:  # until P's port refuses connections; its status poll has not noticed yet
+                try:
+                    _, writer = await asyncio.open_connection(p.host, p.port)
+                except OSError:
+                    break
+                writer.close()
+                await asyncio.sleep(0.01)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x"})
+            assert reply.status_code == 500 and reply.json()["error"] == "Send messges to p instance failed"
+            assert not c.coord.registry.ready
+            assert (await c.client.post(c.url + "/infer", json={"inputs": "x"})).status_code == 503
+
+    run(scenario())
