@@ -1,4 +1,6 @@
-"""`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`"""
+"""`mindie serve [MODEL] [--config config.json] [--host H] [--port P] [--api-key KEY] ...`,
+`mindie coordinator --config ms_coordinator.json` (the prefill/decode coordinator),
+`mindie cluster --prefill N --decode M [--model ...]` (a PD cluster on this machine)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantization", choices=["auto", "none", "q8_0", "q4_0"],
                        help="auto (default): a GGUF keeps its formats, a Hugging Face model stays dense; none: "
                        "everything dense (exact); q8_0 / q4_0: quantize a Hugging Face model at load")
+    coordinator = sub.add_parser("coordinator", help="the prefill/decode coordinator (MindIE MS ms_coordinator)")
+    coordinator.add_argument("--config", required=True, help="an ms_coordinator.json, with the P/D `instances`")
+    from mindie.coordinator.cluster import add_arguments
+
+    add_arguments(sub.add_parser("cluster", help="a prefill/decode cluster on this machine: the coordinator on "
+                                 "127.0.0.1 and the instances on 127.0.0.2, 127.0.0.3, ..."))
     return parser
 
 
@@ -43,6 +51,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "coordinator":
+        _coordinator(args.config)
+        return
+    if args.command == "cluster":
+        from mindie.coordinator.cluster import main as cluster_main
+
+        cluster_main(args)
+        return
     try:
         settings = settings_from_args(args)
     except (ConfigError, OSError) as exc:
@@ -58,6 +74,23 @@ def main(argv: list[str] | None = None) -> None:
     from mindie.server.launcher import run
 
     run(settings)
+
+
+def _coordinator(path: str) -> None:
+    from mindie.coordinator.config import ConfigError as CoordinatorConfigError
+    from mindie.coordinator.config import CoordinatorConfig
+    from mindie.coordinator.launcher import run as run_coordinator
+
+    try:
+        config = CoordinatorConfig.from_file(path)
+    except (CoordinatorConfigError, OSError) as exc:
+        sys.exit(f"mindie coordinator: configuration error: {exc}")
+    if not config.instances:
+        sys.exit("mindie coordinator: configuration error: `instances` lists no P or D instance")
+    if config.ignored:
+        print(f"note: these config keys have no effect on this coordinator: {', '.join(config.ignored)}",
+              file=sys.stderr)
+    run_coordinator(config)
 
 
 if __name__ == "__main__":

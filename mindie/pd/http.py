@@ -18,14 +18,16 @@ class PeerError(Exception):
 
 
 async def post_json(host: str, port: int, path: str, body: dict[str, Any], token: str,
-                    timeout_s: float) -> tuple[int, Any]:
-    """(status, parsed JSON body or None); PeerError on a connection failure or timeout."""
+                    timeout_s: float, local_host: str) -> tuple[int, Any]:
+    """(status, parsed JSON body or None); PeerError on a connection failure or timeout. The call
+    leaves from local_host, the caller's own serving address: the peer checks the caller against
+    its peer list, and on 127.0.0.x the kernel would otherwise pick 127.0.0.1."""
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\n{TOKEN_HEADER}: {token}\r\nConnection: close\r\n\r\n").encode()
     try:
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(host, port, local_addr=(local_host, 0))
             try:
                 writer.write(head + data)
                 await writer.drain()

@@ -153,7 +153,7 @@ async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
     host, _, port = params.p_node_addr.rpartition(":")
     try:
         await post_json(host, int(port), "/pd/v1/release", {"reqId": params.req_id}, node.token,
-                        ctx.settings.kv_trans_timeout_s)
+                        ctx.settings.kv_trans_timeout_s, ctx.settings.host)
     except (PeerError, ValueError) as exc:
         log.warning("request %s: release to %s failed: %s", params.req_id, params.p_node_addr, exc)
 

@@ -97,7 +97,7 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
         metrics={"firstTokenCost": item.prefill_ms, "e2eStartTime": started})
     try:
         status, reply = await post_json(headers.d_host, headers.d_port, "/pd/v1/decode", params.to_json(),
-                                        node.token, ctx.settings.kv_trans_timeout_s)
+                                        node.token, ctx.settings.kv_trans_timeout_s, ctx.settings.host)
     except PeerError as exc:
         node.release(headers.req_id)
         node.link(headers.d_host, False)

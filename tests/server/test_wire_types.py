@@ -1,6 +1,6 @@
 """The seam's wire-level modules (each family's parse and render, the engine's request and output
-types, the results renderers consume) load without torch, mindie._C or the engine, so a process
-that only routes requests can import them; and no API family imports another."""
+types, the results renderers consume) and the coordinator load without torch, mindie._C or the
+engine, so a process that only routes requests can import them; and no API family imports another."""
 
 import ast
 import json
@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mindie.coordinator as coordinator
 import mindie.server.protocols as protocols
 
 PROTOCOLS = [f"mindie.server.protocols.{m.name}" for m in pkgutil.iter_modules(protocols.__path__)]
+COORDINATOR = [f"mindie.coordinator.{m.name}" for m in pkgutil.iter_modules(coordinator.__path__)]
 WIRE = ["mindie.engine.request", "mindie.engine.stats", "mindie.server.results", "mindie.server.responses",
-        "mindie.pd.records", "mindie.pd.params", "mindie.pd.http", *PROTOCOLS]
+        "mindie.pd.records", "mindie.pd.params", "mindie.pd.http", *PROTOCOLS, *COORDINATOR]
 HEAVY = ["torch", "mindie._C", "mindie.engine.engine"]
 # module -> its family; modules outside this table are shared by several families
 FAMILIES = {"native": "native", "tgi": "tgi", "vllm": "vllm", "triton": "triton", "openai": "openai",

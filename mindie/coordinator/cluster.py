@@ -1,0 +1,243 @@
+"""`mindie cluster --prefill N --decode M`: a whole PD cluster on one machine.
+
+The coordinator listens on 127.0.0.1 and the instances on 127.0.0.2, 127.0.0.3, ... (every
+127.0.0.0/8 address is the loopback: no root needed), each instance with MindIE's default ports
+on its own address, so `d-target` stays a bare IP as in MindIE. Each instance gets a `config.json`
+(`inferMode: "dmi"`, its ports, `interCommPort`, the cluster's shared `interCommToken`) and the
+coordinator an `ms_coordinator.json` listing them, all in a fresh directory next to their logs.
+The coordinator assigns the roles itself once the instances answer; the cluster is ready when its
+`/v1/readiness` says so. Ctrl-C or SIGTERM stops every process (a second one kills them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+READY_TIMEOUT_S = 900  # instances load their model first
+STOP_GRACE_S = 30
+InstanceCommand = Callable[[Path], list[str]]
+
+
+def serve_command(config: Path) -> list[str]:
+    return [sys.executable, "-m", "mindie", "serve", "--config", str(config)]
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    role: str
+    ip: str
+    port: int
+
+    @property
+    def mgmt_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def metrics_port(self) -> int:
+        return self.port + 2
+
+    @property
+    def inter_comm_port(self) -> int:
+        return self.port + 96  # 1121 beside MindIE's default 1025 (the KV transfer port is the next one)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.ip}"
+
+
+@dataclass
+class LocalCluster:
+    n_prefill: int
+    n_decode: int
+    model: str | None = None
+    model_name: str | None = None
+    port: int = 1025  # the coordinator's predict port; manage, external and status follow it
+    instance_port: int = 1025
+    first_ip: str = "127.0.0.2"
+    workdir: Path | None = None
+    instance_command: InstanceCommand = serve_command
+    coordinator_overrides: dict[str, Any] = field(default_factory=dict)  # ms_coordinator.json sections
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.n_prefill < 1 or self.n_decode < 1:
+            raise ValueError("a PD cluster needs at least one prefill and one decode instance")
+        first = [int(x) for x in self.first_ip.split(".")]
+        if len(first) != 4 or first[0] != 127 or first[3] + self.n_prefill + self.n_decode > 255:
+            raise ValueError(f"instances need {self.n_prefill + self.n_decode} addresses from {self.first_ip} in "
+                             "127.0.0.0/8")
+        roles = ["prefill"] * self.n_prefill + ["decode"] * self.n_decode
+        self.instances = [InstancePlan(role, ".".join(map(str, [*first[:3], first[3] + i])), self.instance_port)
+                          for i, role in enumerate(roles)]
+        self.token = secrets.token_hex(24)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def status_url(self) -> str:
+        return f"http://127.0.0.1:{self.port + 4}"
+
+    def instance_config(self, inst: InstancePlan) -> dict[str, Any]:
+        model: dict[str, Any] = {}
+        if self.model:
+            model["modelWeightPath"] = os.path.abspath(self.model)
+        if self.model_name:
+            model["modelName"] = self.model_name
+        return {
+            "ServerConfig": {
+                "ipAddress": inst.ip, "managementIpAddress": inst.ip, "port": inst.port,
+                "managementPort": inst.mgmt_port, "metricsPort": inst.metrics_port, "httpsEnabled": False,
+                "inferMode": "dmi", "interCommTLSEnabled": False, "interCommPort": inst.inter_comm_port,
+                "interCommToken": self.token,
+            },
+            "BackendConfig": {"ModelDeployConfig": {"ModelConfig": [model]}},
+        }
+
+    def coordinator_config(self) -> dict[str, Any]:
+        http = {"predict_ip": "127.0.0.1", "predict_port": str(self.port), "manage_ip": "127.0.0.1",
+                "manage_port": str(self.port + 1), "alarm_port": str(self.port + 2),
+                "external_port": str(self.port + 3), "status_port": str(self.port + 4)}
+        config: dict[str, Any] = {
+            "http_config": http,
+            "tls_config": {f"{part}_tls_enable": False for part in (
+                "controller_server", "request_server", "mindie_client", "mindie_mangment", "external", "status",
+                "etcd_server", "alarm_client")},
+            "instances": [{"role": i.role, "ip": i.ip, "port": i.port, "mgmt_port": i.mgmt_port,
+                           "metrics_port": i.metrics_port, "inter_comm_port": i.inter_comm_port}
+                          for i in self.instances],
+        }
+        for section, values in self.coordinator_overrides.items():
+            config[section] = {**config.get(section, {}), **values}
+        return config
+
+    def write(self) -> Path:
+        """Writes every config into the work directory (a fresh one unless given)."""
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="mindie-cluster-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for inst in self.instances:
+            path = self.workdir / f"{inst.name}.json"
+            path.write_text(json.dumps(self.instance_config(inst), indent=2))
+            path.chmod(0o600)  # it holds the inter-instance token
+        (self.workdir / "ms_coordinator.json").write_text(json.dumps(self.coordinator_config(), indent=2))
+        return self.workdir
+
+    def start(self) -> None:
+        workdir = self.write()
+        for inst in self.instances:
+            self._spawn(inst.name, self.instance_command(workdir / f"{inst.name}.json"))
+        self._spawn("coordinator", [sys.executable, "-m", "mindie", "coordinator", "--config",
+                                    str(workdir / "ms_coordinator.json")])
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        assert self.workdir is not None
+        with open(self.workdir / f"{name}.log", "ab") as log:
+            # its own process group: a Ctrl-C at the terminal reaches the launcher only, which
+            # then stops every process in order
+            self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+
+    def dead(self) -> str | None:
+        """The name of a process that has exited, if any."""
+        return next((name for name, proc in self.processes.items() if proc.poll() is not None), None)
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S, should_stop: Callable[[], bool] = lambda: False) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not should_stop():
+            if (name := self.dead()) is not None:
+                raise RuntimeError(f"{name} exited with {self.processes[name].returncode}; see "
+                                   f"{self.workdir}/{name}.log")
+            try:
+                with urllib.request.urlopen(f"{self.status_url}/v1/readiness", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        if not should_stop():
+            raise TimeoutError(f"the cluster was not ready within {timeout_s:.0f} s; logs in {self.workdir}")
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """The coordinator first (no new requests), then the instances; SIGKILL after the grace."""
+        order = ["coordinator", *[i.name for i in self.instances]]
+        for name in order:
+            proc = self.processes.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for name in order:
+            proc = self.processes.get(name)
+            if proc is None:
+                continue
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill", type=int, default=1, help="prefill instances (default 1)")
+    parser.add_argument("--decode", type=int, default=1, help="decode instances (default 1)")
+    parser.add_argument("--model", help="a GGUF file or a Hugging Face directory (default: the embedded model)")
+    parser.add_argument("--model-name", help="the name clients use in `model` and in /v2/models/{name}")
+    parser.add_argument("--port", type=int, default=1025,
+                        help="the coordinator's predict port on 127.0.0.1 (default 1025; manage, external and "
+                        "status use the next ones)")
+    parser.add_argument("--instance-port", type=int, default=1025,
+                        help="each instance's business port on its own address (management +1, metrics +2, "
+                        "P<->D +96 and +97; default 1025)")
+    parser.add_argument("--first-ip", default="127.0.0.2", help="the first instance's address (default 127.0.0.2)")
+    parser.add_argument("--workdir", help="where configs and logs go (default: a new temporary directory)")
+
+
+def main(args: argparse.Namespace) -> None:
+    try:
+        cluster = LocalCluster(args.prefill, args.decode, model=args.model, model_name=args.model_name,
+                               port=args.port, instance_port=args.instance_port, first_ip=args.first_ip,
+                               workdir=Path(args.workdir) if args.workdir else None)
+    except ValueError as exc:
+        sys.exit(f"mindie cluster: {exc}")
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        if stopping:  # a second one: no more grace
+            for proc in cluster.processes.values():
+                proc.kill()
+        stopping.append(signum)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    cluster.start()
+    print(f"starting {args.prefill} prefill + {args.decode} decode instance(s) on {cluster.instances[0].ip}.. and "
+          f"the coordinator; configs and logs in {cluster.workdir}", file=sys.stderr, flush=True)
+    try:
+        cluster.wait_ready(should_stop=lambda: bool(stopping))
+        if not stopping:
+            print(f"cluster ready: send requests to {cluster.url} (metrics on http://127.0.0.1:{args.port + 3}"
+                  "/metrics); Ctrl-C to stop", flush=True)
+        while not stopping and cluster.dead() is None:
+            time.sleep(0.5)
+        if (name := cluster.dead()) is not None and not stopping:
+            print(f"{name} exited; stopping the cluster (see {cluster.workdir}/{name}.log)", file=sys.stderr)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"mindie cluster: {exc}", file=sys.stderr)
+    finally:
+        print("stopping the cluster", file=sys.stderr, flush=True)
+        cluster.stop()

@@ -1,0 +1,95 @@
+"""One `GET /dresult` stream per D: the records it carries go to the request table.
+
+D sends `ka:heartbeat` after 5 s without a record, so a stream silent for three of those (our
+choice) is taken as dead: D is marked unlinked (out of the schedule) and the coordinator re-links.
+A stream that fails, ends, or is superseded (`close:`, another GET took it over) is re-linked with
+exponential backoff; after `max_retry` consecutive failures D is marked faulty and its requests in
+flight end with an error at once (MindIE leaves them to `infer_timeout`). Re-linking goes on at the
+slowest backoff, and D comes back into the schedule when a link succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from mindie.coordinator.instances import Instance, Registry
+from mindie.coordinator.requests import RequestTable
+from mindie.pd.records import RecordDecoder, RecordError, RecordKind
+
+log = logging.getLogger("mindie.coordinator")
+
+SILENCE_LIMIT_S = 15.0  # three missed 5 s heartbeats
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+
+
+class _LinkLost(Exception):
+    pass
+
+
+class DResultLink:
+    def __init__(self, d: Instance, registry: Registry, table: RequestTable, max_retry: int,
+                 silence_limit_s: float = SILENCE_LIMIT_S) -> None:
+        self.d = d
+        self.registry = registry
+        self.table = table
+        self.max_retry = max_retry
+        self.silence_limit_s = silence_limit_s
+        self.failures = 0
+        self.links = 0  # streams opened so far (a re-link counts)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._stream()
+            except (httpx.HTTPError, _LinkLost, RecordError) as exc:
+                reason = "silent for too long" if isinstance(exc, httpx.ReadTimeout) else str(exc) or type(
+                    exc).__name__
+                self._lost(reason)
+            await asyncio.sleep(min(BACKOFF_FIRST_S * 2 ** max(self.failures - 1, 0), BACKOFF_MAX_S))
+
+    async def _stream(self) -> None:
+        url = f"{self.d.business_url}/dresult"
+        timeout = httpx.Timeout(self.silence_limit_s, connect=min(30.0, self.silence_limit_s))
+        async with self.registry.client.stream("GET", url, timeout=timeout) as reply:
+            if reply.status_code != 200:
+                raise _LinkLost(f"GET /dresult answered {reply.status_code}: {(await reply.aread())[:200]!r}")
+            self.links += 1
+            self.failures = 0
+            if not self.d.linked or self.d.faulty:
+                self.d.linked, self.d.faulty = True, False
+                log.info("linked to %s's /dresult", self.d.spec.name)
+                self.registry.changed()
+            decoder = RecordDecoder()
+            async for chunk in reply.aiter_raw():
+                for record in decoder.feed(chunk):
+                    if record.kind is RecordKind.CLOSE:
+                        raise _LinkLost("superseded by a newer GET /dresult")
+                    if record.kind is not RecordKind.KEEP_ALIVE and not self.table.deliver(record):
+                        log.debug("dropped a %s record for request %s, no longer in flight", record.kind.value,
+                                  record.req_id)
+            raise _LinkLost("the stream ended")
+
+    def _lost(self, reason: str) -> None:
+        self.failures += 1
+        if self.d.linked:
+            self.d.linked = False
+            self.registry.changed()
+        log.warning("/dresult of %s lost (%s), attempt %d of %d to re-link", self.d.spec.name, reason,
+                    self.failures, self.max_retry)
+        if self.failures > self.max_retry and not self.d.faulty:
+            self.d.faulty = True
+            log.error("%s is faulty: /dresult could not be re-linked %d times", self.d.spec.name, self.max_retry)
+            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} is unreachable")
