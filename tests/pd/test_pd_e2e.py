@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import DResultReader, dmi_settings, envelope, pd_headers, set_role
+from helpers.pd import DResultReader, dmi_settings, envelope, pd_headers, set_role
 from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from conftest import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, set_role
+from helpers.pd import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, set_role
 from helpers.server import RunningServer, free_port
 
 from mindie.engine.request import RequestOutput

@@ -1,0 +1,75 @@
+"""A hand-driven coordinator for the PD tests: dmi settings sharing a token, role assignment, the
+PD headers, P's envelope, and a reader of D's /dresult records."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+
+import httpx
+
+from helpers.server import RunningServer, free_port, local_settings
+from mindie.pd.records import Record, RecordDecoder, RecordKind
+
+TOKEN = "test-token"
+
+
+def dmi_settings(model_dir, **changes):
+    base = local_settings(str(model_dir), dtype="float32", model_name="tiny")
+    return replace(base, infer_mode="dmi", inter_comm_port=free_port(), kv_transfer_port=0,
+                   inter_comm_token=TOKEN, **changes)
+
+
+def set_role(server: RunningServer, role: str, peers: list[str]) -> httpx.Response:
+    body = {"local": {"server_ip": "127.0.0.1", "device": []},
+            "peers": [{"server_ip": ip, "device": []} for ip in peers]}
+    return httpx.post(f"{server.management_url}/v1/role/{role}", json=body)
+
+
+class DResultReader:
+    """Reads one D's /dresult stream on a thread, keeping every record and each raw HTTP chunk."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.records: list[Record] = []
+        self.chunks: list[bytes] = []
+        self._cond = threading.Condition()
+        self._client = httpx.Client(timeout=None)
+        self._response = self._client.send(self._client.build_request("GET", f"{server.url}/dresult"), stream=True)
+        assert self._response.status_code == 200
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        decoder = RecordDecoder()
+        try:
+            for chunk in self._response.iter_raw():
+                with self._cond:
+                    self.chunks.append(chunk)
+                    self.records += list(decoder.feed(chunk))
+                    self._cond.notify_all()
+        except (httpx.HTTPError, RuntimeError):
+            pass
+
+    def until(self, req_id: str, timeout: float = 30) -> list[Record]:
+        """The records of req_id up to its lastData or error."""
+        def done() -> bool:
+            return any(r.req_id == req_id and r.kind in (RecordKind.LAST_DATA, RecordKind.ERROR)
+                       for r in self.records)
+        with self._cond:
+            assert self._cond.wait_for(done, timeout), f"no end for {req_id}: {self.records[-5:]}"
+            return [r for r in self.records if r.req_id == req_id]
+
+    def close(self) -> None:
+        self._response.close()
+        self._client.close()
+
+
+def pd_headers(req_id: str, d: RunningServer) -> dict[str, str]:
+    return {"req-id": req_id, "req-type": "prefill", "d-target": f"127.0.0.1;{d.settings.inter_comm_port}",
+            "d-port": str(d.settings.port)}
+
+
+def envelope(response: httpx.Response) -> dict:
+    assert response.status_code == 200, response.text
+    return json.loads(response.text)
