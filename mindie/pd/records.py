@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class RecordKind(str, Enum):
+class RecordKind(StrEnum):
     DATA = "data"  # one stream event, byte for byte as the single instance streams it
     LAST_DATA = "lastData"  # the last stream event, or a non-stream request's whole body
     ERROR = "error"  # terminal: plain text for the client
