@@ -32,8 +32,10 @@ STOP_GRACE_S = 30
 InstanceCommand = Callable[[Path], list[str]]
 
 
+# -P: the children import the installed mindie, as this process did, never a source tree that
+# happens to be the working directory.
 def serve_command(config: Path) -> list[str]:
-    return [sys.executable, "-m", "mindie", "serve", "--config", str(config)]
+    return [sys.executable, "-P", "-m", "mindie", "serve", "--config", str(config)]
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ class LocalCluster:
         workdir = self.write()
         for inst in self.instances:
             self._spawn(inst.name, self.instance_command(workdir / f"{inst.name}.json"))
-        self._spawn("coordinator", [sys.executable, "-m", "mindie", "coordinator", "--config",
+        self._spawn("coordinator", [sys.executable, "-P", "-m", "mindie", "coordinator", "--config",
                                     str(workdir / "ms_coordinator.json")])
 
     def _spawn(self, name: str, argv: list[str]) -> None:
