@@ -76,10 +76,11 @@ inline float half_to_float(const uint8_t* p) {
 // vpmaddubsw + vpmaddwd (the same exact int32 sums either way).
 template <bool Vnni>
 struct Int8Panel {
-  // Panels x activation rows per register tile: 2 x 4 int32 and float accumulators, two weight
-  // vectors and a broadcast fit the 32 vector registers.
-  static constexpr int kTilePanels = 1;
-  static constexpr int kTileCols = 8;
+  // Panels x activation rows per register tile: 3 x 4 int32 and float accumulators, three weight
+  // vectors and a broadcast fit the 32 vector registers (5-10% faster than 2 x 4 or 2 x 6 at 32
+  // and 512 rows; 1 x 8 runs at less than half the speed).
+  static constexpr int kTilePanels = 3;
+  static constexpr int kTileCols = 4;
 
   static __m512i dot(__m512i acc, __m512i u, __m512i s) {
     if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
