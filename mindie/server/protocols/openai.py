@@ -4,6 +4,7 @@ model routes GET /v1/models[/{m}]."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie.engine.request import TokenLogprob
-from mindie.server.errors import APIError
+from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number
-from mindie.server.protocols.base import sse
+from mindie.server.protocols.base import Renderer, sse
 from mindie.server.protocols.params import SamplingFields
 from mindie.server.responses import json_response
 from mindie.server.results import Result
@@ -100,6 +101,24 @@ def usage(results: list[Result], prompt_tokens: int) -> dict[str, Any]:
     out["batch_size"] = [b for r in results for b in r.batch_sizes]
     out["queue_wait_time"] = [q for r in results for q in r.queue_wait_us]
     return out
+
+
+class OpenAIRenderer(Renderer):
+    """What the chat and completions renderers share: the error style, and the `created` time that
+    every chunk of one response repeats, which a PD decode node takes over from the prefill node."""
+
+    style = ErrorStyle.OPENAI
+
+    def __init__(self) -> None:
+        self.created = int(time.time())
+
+    def carried(self) -> dict[str, Any]:
+        return {"created": self.created}
+
+    def restore(self, carried: dict[str, Any]) -> None:
+        created = carried.get("created")
+        if isinstance(created, int) and not isinstance(created, bool):
+            self.created = created
 
 
 @dataclass

@@ -4,19 +4,18 @@ structured output, and the chat shapes (choices with a message, or chunks with d
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
-from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, Body, number, validate
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.messages import Message, Tool, render_chat
-from mindie.server.protocols.openai import OpenAIFields, StreamUsage, chat_logprobs, check_model, usage
+from mindie.server.protocols.openai import OpenAIFields, OpenAIRenderer, StreamUsage, chat_logprobs, check_model, usage
 from mindie.server.results import Result, StreamItem
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
 
@@ -84,16 +83,14 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
                                                             ctx.settings.full_text)
 
 
-class ChatRenderer(Renderer):
-    style = ErrorStyle.OPENAI
-
+class ChatRenderer(OpenAIRenderer):
     def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_tokens: int,
                  full_text: bool) -> None:
+        super().__init__()
         self.req = req
         self.n = params.n
         self.tokenizer = tokenizer
         self.full_text = full_text
-        self.created = int(time.time())
         self.usage = StreamUsage(req.stream_options, prompt_tokens)
         self.names = [t.function.name for t in req.tools or ()]
         # per sample, when streaming: the parser that finds tool calls in its deltas, and whether
@@ -101,14 +98,6 @@ class ChatRenderer(Renderer):
         streams_calls = req.stream and req.reads_calls
         self.parsers = {i: ToolCallParser(self.names) for i in range(params.num_outputs)} if streams_calls else {}
         self.called: set[int] = set()
-
-    def carried(self) -> dict[str, Any]:
-        return {"created": self.created}
-
-    def restore(self, carried: dict[str, Any]) -> None:
-        created = carried.get("created")
-        if isinstance(created, int) and not isinstance(created, bool):
-            self.created = created
 
     def _head(self, results: list[Result], kind: str) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": kind, "created": self.created, "model": self.req.model}

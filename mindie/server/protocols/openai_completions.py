@@ -4,17 +4,23 @@ and beam search's single-event "fake stream"."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
 from mindie.engine.request import MAX_STOP_CHARS_TOTAL, EngineRequest, FinishReason, SamplingParams, TokenLogprob
-from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, number, validate
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
-from mindie.server.protocols.openai import OpenAIFields, StreamUsage, check_model, completion_logprobs, usage
+from mindie.server.protocols.openai import (
+    OpenAIFields,
+    OpenAIRenderer,
+    StreamUsage,
+    check_model,
+    completion_logprobs,
+    usage,
+)
 from mindie.server.protocols.params import StopList, TokenId
 from mindie.server.results import Result, StreamItem
 
@@ -75,13 +81,12 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     return Call(requests, stream=req.stream), renderer
 
 
-class CompletionRenderer(Renderer):
+class CompletionRenderer(OpenAIRenderer):
     """Choice k * n + i is sample i of prompt k."""
-
-    style = ErrorStyle.OPENAI
 
     def __init__(self, req: CompletionRequest, params: SamplingParams, tokenizer: Tokenizer,
                  prompt_ids: list[list[int]], echoed: list[str], scoring: bool) -> None:
+        super().__init__()
         self.req = req
         self.n = params.n
         self.beam = params.use_beam_search
@@ -90,18 +95,9 @@ class CompletionRenderer(Renderer):
         self.echoed = echoed  # per prompt: the text echo puts before its output ("" without echo)
         self.scoring = scoring  # echo with logprobs: the prompt's tokens are scored too
         self.drop_output = req.max_tokens == 0  # echo alone
-        self.created = int(time.time())
         self.usage = StreamUsage(req.stream_options, sum(map(len, prompt_ids)))
         self.offsets: dict[tuple[int, int], int] = {}  # (prompt, sample) -> characters streamed so far
         self.done = 0  # requests whose last output has been rendered
-
-    def carried(self) -> dict[str, Any]:
-        return {"created": self.created}
-
-    def restore(self, carried: dict[str, Any]) -> None:
-        created = carried.get("created")
-        if isinstance(created, int) and not isinstance(created, bool):
-            self.created = created
 
     def _head(self, results: list[Result]) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": "text_completion", "created": self.created,
