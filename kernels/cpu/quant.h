@@ -11,8 +11,9 @@
 // Activations are quantized per row in blocks of 32 to two int8 planes, x ~= d * (128 * hi + lo): hi
 // as llama.cpp's Q8 activations (127 steps of the block's largest magnitude), lo the rounding error of
 // hi in 1/128 steps. One plane alone moves the default model's top-1 token at ~3% of positions; two
-// keep it at the float result's. A dot product then sums exact int32 block products and accumulates them in float
-// in a fixed order that depends only on k: every path (one row or many, any tile, any thread count)
+// keep it at the float result's. A dot product then sums exact int32 products over each run of values
+// that share a weight scale (scale_span) and accumulates those in float in a fixed order that depends
+// only on k and the format: every path (one row or many, any tile, any thread count)
 // reduces an output element the same way, so a row's result never depends on the rest of the batch.
 #pragma once
 
@@ -33,20 +34,21 @@ struct QFormatInfo {
   int block_elems;  // values per block (32, or 256 for the K formats)
   int block_bytes;
   bool signed_q;    // staged q is signed and the offset zero (Q8_0); else 0 <= q < 64
+  int scale_span;   // values sharing one scale and offset: 32, or 16 for Q6_K's sub-blocks
 };
 
 // Throws std::invalid_argument for a type id that is not one of QFormat. constexpr, so kernels
 // specialised for one format read its block size at compile time.
 constexpr QFormatInfo qformat_info(int ggml_type) {
   switch (static_cast<QFormat>(ggml_type)) {
-    case QFormat::kQ4_0: return {32, 18, false};
-    case QFormat::kQ4_1: return {32, 20, false};
-    case QFormat::kQ5_0: return {32, 22, false};
-    case QFormat::kQ5_1: return {32, 24, false};
-    case QFormat::kQ8_0: return {32, 34, true};
-    case QFormat::kQ4_K: return {256, 144, false};
-    case QFormat::kQ5_K: return {256, 176, false};
-    case QFormat::kQ6_K: return {256, 210, false};
+    case QFormat::kQ4_0: return {32, 18, false, 32};
+    case QFormat::kQ4_1: return {32, 20, false, 32};
+    case QFormat::kQ5_0: return {32, 22, false, 32};
+    case QFormat::kQ5_1: return {32, 24, false, 32};
+    case QFormat::kQ8_0: return {32, 34, true, 32};
+    case QFormat::kQ4_K: return {256, 144, false, 32};
+    case QFormat::kQ5_K: return {256, 176, false, 32};
+    case QFormat::kQ6_K: return {256, 210, false, 16};
   }
   throw std::invalid_argument("ggml type " + std::to_string(ggml_type) +
                               " is not a supported quantized format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");

@@ -74,8 +74,8 @@ struct Panel {
   int64_t row0;
 };
 
-// Panels p[0..R) (staged in buf) against every activation row, C rows at a time.
-template <class D, int R, bool Signed>
+// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
+template <class D, int R, bool Signed, int S>
 void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
   PanelRef w[R];
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
@@ -94,32 +94,46 @@ void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const s
   };
   int64_t c0 = 0;
   for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) {
-    D::template tile<R, D::kTileCols, Signed>(w, x.data() + c0, groups, out);
+    D::template tile<R, D::kTileCols, Signed, S>(w, x.data() + c0, groups, out);
     store(c0, D::kTileCols);
   }
   for (; c0 < a.m; ++c0) {
-    D::template tile<R, 1, Signed>(w, x.data() + c0, groups, out);
+    D::template tile<R, 1, Signed, S>(w, x.data() + c0, groups, out);
     store(c0, 1);
   }
+}
+
+template <class D, int R>
+void apply_format(const QFormatInfo& info, const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a,
+                  const std::vector<ActRef>& x) {
+  if (info.signed_q) return info.scale_span == 32 ? apply<D, R, true, 2>(p, buf, a, x) : apply<D, R, true, 1>(p, buf, a, x);
+  return info.scale_span == 32 ? apply<D, R, false, 2>(p, buf, a, x) : apply<D, R, false, 1>(p, buf, a, x);
 }
 
 template <class D>
 void run(const QMatmulArgs& a) {
   const int64_t k = a.k, groups = k / 16;
-  // Activation sums per 16 values, shared by every panel.
-  std::vector<float> sums(a.m * groups);
+  // Activation sums per 16 and per 32 values, shared by every panel.
+  std::vector<float> sums(a.m * (groups + groups / 2));
   std::vector<ActRef> x(a.m);
-  for (int64_t c = 0; c < a.m; ++c) {
-    const int8_t* hi = a.xq + c * 2 * k;
-    const int8_t* lo = hi + k;
-    const float* d = a.xd + c * (k / 32);
-    for (int64_t j = 0; j < groups; ++j) {
-      int32_t s = 0;
-      for (int i = 16 * j; i < 16 * j + 16; ++i) s += 128 * hi[i] + lo[i];
-      sums[c * groups + j] = static_cast<float>(s) * d[j / 2];
+  parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int8_t* hi = a.xq + c * 2 * k;
+      const int8_t* lo = hi + k;
+      const float* d = a.xd + c * (k / 32);
+      float* sum16 = sums.data() + c * (groups + groups / 2);
+      float* sum32 = sum16 + groups;
+      for (int64_t j = 0; j < groups; j += 2) {
+        int32_t s[2] = {0, 0};
+        for (int h = 0; h < 2; ++h)
+          for (int64_t i = 16 * (j + h); i < 16 * (j + h + 1); ++i) s[h] += 128 * hi[i] + lo[i];
+        sum16[j] = static_cast<float>(s[0]) * d[j / 2];
+        sum16[j + 1] = static_cast<float>(s[1]) * d[j / 2];
+        sum32[j / 2] = static_cast<float>(s[0] + s[1]) * d[j / 2];
+      }
+      x[c] = {hi, lo, d, sum16, sum32};
     }
-    x[c] = {hi, lo, d, sums.data() + c * groups};
-  }
+  });
   // Panels of every target, back to back: target j owns panels [first[j], first[j + 1]).
   int64_t first[kMaxQMatmulTargets + 1] = {0};
   for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
@@ -154,16 +168,10 @@ void run(const QMatmulArgs& a) {
           }
           buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
         }
-        const bool signed_q = qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
-        if (n == D::kTilePanels && D::kTilePanels > 1) {
-          if (signed_q) apply<D, D::kTilePanels, true>(p, buf, a, x);
-          else apply<D, D::kTilePanels, false>(p, buf, a, x);
-        } else {
-          for (int r = 0; r < n; ++r) {
-            if (signed_q) apply<D, 1, true>(p + r, buf + r, a, x);
-            else apply<D, 1, false>(p + r, buf + r, a, x);
-          }
-        }
+        const QFormatInfo info = qformat_info(static_cast<int>(a.targets[j].w.format));
+        if (n == D::kTilePanels && D::kTilePanels > 1) apply_format<D, D::kTilePanels>(info, p, buf, a, x);
+        else
+          for (int r = 0; r < n; ++r) apply_format<D, 1>(info, p + r, buf + r, a, x);
       }
     }
   });
