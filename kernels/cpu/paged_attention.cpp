@@ -15,6 +15,10 @@ namespace MINDIE_ISA_NS {
 namespace {
 
 constexpr int kQueryTile = 32;        // prefill queries per work item
+// Prefill register tiles: query rows scored and accumulated together, and head-dimension vectors per
+// accumulator row (4 rows x 4 vectors of scores or values fit AVX-512's registers, 2 x 4 AVX2's).
+constexpr int kRowTile = VecF::W >= 16 ? 4 : 2;
+constexpr int kAccVectors = 4;
 constexpr int kMinPartition = 256;    // smallest decode split worth its merge
 
 // One unit of parallel work. Decode: every head of one sequence over a range of its keys, so each
@@ -502,17 +506,23 @@ class Attention {
       transpose_block(kt, NP, key_row(w.seq, b0, w.kv_head), n);
       const KV* v = value_row(w.seq, b0, w.kv_head);
       for (int t = 0; t < n; ++t, v += row_) load_scaled(vf + t * D_, v, 1.f, D_);
-      // Queries before this block's first key see none of it.
-      for (int i = std::max(w.begin, b0 - first_pos); i < w.end; ++i) {
-        const int pos = first_pos + i;
-        const int valid = std::min(n, pos - b0 + 1);
-        for (int g = 0; g < G; ++g) {
-          const int r = (i - w.begin) * G + g;
-          float* sr = s + static_cast<int64_t>(r) * NP;
-          score_row(sr, qf + r * D_, kt, NP, valid);
-          if (!sm.update(r, sr, valid)) continue;
-          accumulate_row(acc + r * D_, sr, vf, valid);
+      // Queries before this block's first key see none of it. Rows (query i, head g) go kRowTile at
+      // a time over the keys the tile's last row sees; a row's keys past its own position score
+      // -inf, which the softmax turns into probabilities of exactly 0, so every row is computed as
+      // it would be alone (its result never depends on the rows tiled with it).
+      const int r_end = (w.end - w.begin) * G;
+      for (int r0 = (std::max(w.begin, b0 - first_pos) - w.begin) * G; r0 < r_end; r0 += kRowTile) {
+        const int rt = std::min(kRowTile, r_end - r0);
+        const auto valid = [&](int r) { return std::min(n, first_pos + w.begin + r / G - b0 + 1); };
+        const int vmax = valid(r0 + rt - 1);
+        float* sr = s + static_cast<int64_t>(r0) * NP;
+        score_rows(rt, sr, qf + r0 * D_, kt, NP, vmax);
+        for (int r = r0; r < r0 + rt; ++r) {
+          float* row = s + static_cast<int64_t>(r) * NP;
+          std::fill(row + valid(r), row + vmax, -INFINITY);
+          sm.update(r, row, vmax);  // a row sees at least its block's first key
         }
+        accumulate_rows(rt, acc + r0 * D_, sr, NP, vf, vmax);
       }
     }
     for (int i = w.begin; i < w.end; ++i)
@@ -522,26 +532,41 @@ class Attention {
       }
   }
 
-  // ar += sum_t p[t] * vf[t]: the row's accumulator stays in registers for common head dims.
-  void accumulate_row(float* ar, const float* p, const float* vf, int valid) const {
+  // acc[r] += sum_t p[r][t] * vf[t] for rt rows (p rows NP apart), kAccVectors of the head dimension
+  // at a time held in registers: each value vector loaded serves every row.
+  void accumulate_rows(int rt, float* acc, const float* p, int NP, const float* vf, int valid) const {
     constexpr int W = VecF::W;
-    if constexpr (W >= 4) {
-      if (D_ == 4 * W) return accumulate_row_fixed<4>(ar, p, vf, valid);
-      if (D_ == 8 * W) return accumulate_row_fixed<8>(ar, p, vf, valid);
+    if (D_ % (kAccVectors * W) != 0) {
+      for (int r = 0; r < rt; ++r)
+        for (int t = 0; t < valid; ++t) axpy(acc + r * D_, p[r * NP + t], vf + t * D_, D_);
+      return;
     }
-    for (int t = 0; t < valid; ++t) axpy(ar, p[t], vf + t * D_, D_);
+    switch (rt) {
+      case 4: return accumulate_rows_fixed<4>(acc, p, NP, vf, valid);
+      case 3: return accumulate_rows_fixed<3>(acc, p, NP, vf, valid);
+      case 2: return accumulate_rows_fixed<2>(acc, p, NP, vf, valid);
+      default: return accumulate_rows_fixed<1>(acc, p, NP, vf, valid);
+    }
   }
 
-  template <int DV>
-  void accumulate_row_fixed(float* ar, const float* p, const float* vf, int valid) const {
+  template <int RT>
+  void accumulate_rows_fixed(float* acc, const float* p, int NP, const float* vf, int valid) const {
     constexpr int W = VecF::W;
-    VecF acc[DV];
-    for (int j = 0; j < DV; ++j) acc[j] = VecF::load(ar + j * W);
-    for (int t = 0; t < valid; ++t) {
-      const VecF pt = VecF::set1(p[t]);
-      for (int j = 0; j < DV; ++j) acc[j] = VecF::fma(pt, VecF::load(vf + t * DV * W + j * W), acc[j]);
+    for (int j0 = 0; j0 < D_; j0 += kAccVectors * W) {
+      VecF a[RT][kAccVectors];
+      for (int r = 0; r < RT; ++r)
+        for (int j = 0; j < kAccVectors; ++j) a[r][j] = VecF::load(acc + r * D_ + j0 + j * W);
+      for (int t = 0; t < valid; ++t) {
+        VecF v[kAccVectors];
+        for (int j = 0; j < kAccVectors; ++j) v[j] = VecF::load(vf + t * D_ + j0 + j * W);
+        for (int r = 0; r < RT; ++r) {
+          const VecF pt = VecF::set1(p[r * NP + t]);
+          for (int j = 0; j < kAccVectors; ++j) a[r][j] = VecF::fma(pt, v[j], a[r][j]);
+        }
+      }
+      for (int r = 0; r < RT; ++r)
+        for (int j = 0; j < kAccVectors; ++j) a[r][j].store(acc + r * D_ + j0 + j * W);
     }
-    for (int j = 0; j < DV; ++j) acc[j].store(ar + j * W);
   }
 
   // kt[d][t] = float(k[t][d]) for t < n; zero for the padding up to NP.
@@ -554,31 +579,48 @@ class Attention {
   static float to_float(float x) { return x; }
   static float to_float(bf16_t x) { return bf16_to_float(x); }
 
-  // s[t] = q . k_t for t < valid, computed over vectors of keys.
-  void score_row(float* s, const float* q, const float* kt, int NP, int valid) const {
+  // s[r][t] = q[r] . k_t for rt rows (s rows NP apart, q rows D apart) and t < valid, rounded up to
+  // whole vectors of keys, up to 4 vectors at a time: each key vector loaded serves every row.
+  void score_rows(int rt, float* s, const float* q, const float* kt, int NP, int valid) const {
+    switch (rt) {
+      case 4: return score_rows_fixed<4>(s, q, kt, NP, valid);
+      case 3: return score_rows_fixed<3>(s, q, kt, NP, valid);
+      case 2: return score_rows_fixed<2>(s, q, kt, NP, valid);
+      default: return score_rows_fixed<1>(s, q, kt, NP, valid);
+    }
+  }
+
+  template <int RT>
+  void score_rows_fixed(float* s, const float* q, const float* kt, int NP, int valid) const {
     constexpr int W = VecF::W;
     const int nv = (valid + W - 1) / W;
     int c = 0;
-    for (; c + 4 <= nv; c += 4) score_chunk<4>(s, q, kt, NP, c * W);
+    for (; c + 4 <= nv; c += 4) score_chunk<RT, 4>(s, q, kt, NP, c * W);
     switch (nv - c) {
-      case 3: score_chunk<3>(s, q, kt, NP, c * W); break;
-      case 2: score_chunk<2>(s, q, kt, NP, c * W); break;
-      case 1: score_chunk<1>(s, q, kt, NP, c * W); break;
+      case 3: score_chunk<RT, 3>(s, q, kt, NP, c * W); break;
+      case 2: score_chunk<RT, 2>(s, q, kt, NP, c * W); break;
+      case 1: score_chunk<RT, 1>(s, q, kt, NP, c * W); break;
       default: break;
     }
   }
 
-  template <int NV>
+  template <int RT, int NV>
   void score_chunk(float* s, const float* q, const float* kt, int NP, int t0) const {
     constexpr int W = VecF::W;
-    VecF acc[NV];
-    for (int j = 0; j < NV; ++j) acc[j] = VecF::zero();
+    VecF acc[RT][NV];
+    for (int r = 0; r < RT; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = VecF::zero();
     for (int d = 0; d < D_; ++d) {
-      const VecF qd = VecF::set1(q[d]);
       const float* row = kt + static_cast<int64_t>(d) * NP + t0;
-      for (int j = 0; j < NV; ++j) acc[j] = VecF::fma(qd, VecF::load(row + j * W), acc[j]);
+      VecF k[NV];
+      for (int j = 0; j < NV; ++j) k[j] = VecF::load(row + j * W);
+      for (int r = 0; r < RT; ++r) {
+        const VecF qd = VecF::set1(q[r * D_ + d]);
+        for (int j = 0; j < NV; ++j) acc[r][j] = VecF::fma(qd, k[j], acc[r][j]);
+      }
     }
-    for (int j = 0; j < NV; ++j) acc[j].store(s + t0 + j * W);
+    for (int r = 0; r < RT; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j].store(s + r * NP + t0 + j * W);
   }
 
   const PagedAttentionArgs& a_;

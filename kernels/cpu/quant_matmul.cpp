@@ -124,9 +124,7 @@ void run(const QMatmulArgs& a) {
       float* sum16 = sums.data() + c * (groups + groups / 2);
       float* sum32 = sum16 + groups;
       for (int64_t j = 0; j < groups; j += 2) {
-        int32_t s[2] = {0, 0};
-        for (int h = 0; h < 2; ++h)
-          for (int64_t i = 16 * (j + h); i < 16 * (j + h + 1); ++i) s[h] += 128 * hi[i] + lo[i];
+        const int32_t s[2] = {plane_sum16(hi + 16 * j, lo + 16 * j), plane_sum16(hi + 16 * j + 16, lo + 16 * j + 16)};
         sum16[j] = static_cast<float>(s[0]) * d[j / 2];
         sum16[j + 1] = static_cast<float>(s[1]) * d[j / 2];
         sum32[j / 2] = static_cast<float>(s[0] + s[1]) * d[j / 2];

@@ -206,6 +206,13 @@ struct Int8Panel {
   }
 };
 
+// sum of 128 * hi[i] + lo[i] over 16 values, exactly (|sum| < 2^19).
+inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
+  const __m512i h = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)));
+  const __m512i l = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo)));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(h, 7), l));
+}
+
 // One block of 32 floats as x ~= d * (128 * hi + lo): hi rounds x to 127 steps of its largest
 // magnitude, lo rounds what hi leaves to 1/128 of a step (about 15 bits in all). Returns d.
 inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
@@ -347,6 +354,17 @@ struct Int8Panel {
   }
 };
 
+inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+  const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+  const __m256i v = _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepi8_epi16(h), 7), _mm256_cvtepi8_epi16(l));
+  __m256i s = _mm256_madd_epi16(v, _mm256_set1_epi16(1));  // 8 int32 pair sums; 128 * hi + lo fits int16
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
+}
+
 inline void store_int8x32(int8_t* dst, const __m256i* w) {
   // packs interleave 128-bit lanes; the permute puts the 32 values back in order.
   const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(w[0], w[1]), _mm256_packs_epi32(w[2], w[3]));
@@ -406,6 +424,12 @@ struct Int8Panel {
         }
   }
 };
+
+inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
+  int32_t s = 0;
+  for (int i = 0; i < 16; ++i) s += 128 * hi[i] + lo[i];
+  return s;
+}
 
 inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
   float amax = 0.f;
