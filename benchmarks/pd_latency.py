@@ -56,7 +56,8 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int], n_out: int) -> tuple[float, list[float], int]:
-    body = {"model": MODEL, "prompt": ids, "max_tokens": n_out, "ignore_eos": True, "temperature": 0, "stream": True}
+    body = {"model": MODEL, "prompt": ids, "max_tokens": n_out, "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, gaps, last, tokens = None, [], 0.0, 0
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -66,9 +67,11 @@ async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int], n_out:
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             now = time.perf_counter()
-            if not json.loads(line[6:])["choices"][0]["text"]:
-                continue
-            tokens += 1
+            event = json.loads(line[6:])
+            if event.get("usage"):  # the last chunk: how many tokens the request really produced
+                tokens = event["usage"]["completion_tokens"]
+            if not event["choices"] or not event["choices"][0]["text"]:
+                continue  # a token whose text waits for the next one (part of a UTF-8 sequence)
             if ttft is None:
                 ttft = now - t0
             else:
@@ -124,7 +127,7 @@ def wait_http(url: str, timeout_s: float = 900) -> None:
 
 
 def line(name: str, n: int, r: dict[str, float]) -> str:
-    short = f"  ({r['short']:.0f} streams short of their tokens)" if r["short"] else ""
+    short = f"  ({r['short']:.0f} streams ended short of their tokens)" if r["short"] else ""
     return (f"{name:18s} {n:2d} stream{'s' if n > 1 else ' '}: TTFT p50 {r['ttft50'] * 1e3:7.1f} ms p99 "
             f"{r['ttft99'] * 1e3:7.1f} ms   ITL p50 {r['itl50'] * 1e3:6.1f} ms p99 {r['itl99'] * 1e3:6.1f} ms   "
             f"{r['tok_s']:6.1f} output tok/s{short}")

@@ -3,8 +3,8 @@
 D parses the original body again with the family's own parse, so it holds the same engine request
 and renderer as P; it replays P's first outputs through that renderer (discarding the bytes) so
 that later events continue the renderer's state exactly (text offsets, a tool-call parser,
-OpenAI's `created`, carried from P). It reserves blocks and answers P at once; then it pulls the
-KV (deadline kv_trans_timeout), always tells P to release the blocks, and either reports
+OpenAI's `created`, carried from P). It answers P at once; then it reserves blocks (waiting up to
+kv_trans_timeout for running requests to free enough), pulls the KV (deadline kv_trans_timeout), always tells P to release the blocks, and either reports
 `error:Pull kv failed ...` or resumes the request and sends each later event as a `data:` record
 (the last one `lastData:`), or a non-stream request's whole body as one `lastData:` record.
 """
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mindie.server.decode")
 
+BLOCK_WAIT_POLL_S = 0.02  # how often a request waiting for free blocks asks again
 PULL_FAILED = {PullStatus.FAIL_REVERSIBLE: "Pull kv failed reversibly.",
                PullStatus.FAIL_IRREVERSIBLE: "Pull kv failed irreversibly."}
 
@@ -69,6 +70,8 @@ async def decode(ctx: Serving, request: Request, body: bytes) -> Response:
         return _answer(False, mismatch, 409)
     if params.req_id in ctx.in_flight or params.req_id in node.decoding:
         return _answer(False, f"req-id {params.req_id} is already in use here")
+    if node.stopped_early(params.req_id):
+        return _answer(False, f"request {params.req_id} was stopped (stopInfer) before it reached this node")
     try:
         engine_request, call, renderer, results = await _rebuild(ctx, node, params)
         ctx.admit()
@@ -76,19 +79,29 @@ async def decode(ctx: Serving, request: Request, body: bytes) -> Response:
         return _answer(False, exc.message)
     except ValidationError as exc:  # P accepted this body: a D configured otherwise may not
         return _answer(False, describe(exc)[0])
-    try:
-        blocks = await ctx.engine.reserve_kv(params.req_id, params.tokens, len(params.tokens))
-    except ValueError as exc:
-        return _answer(False, str(exc))
-    if blocks is None or len(blocks) != len(params.kv.block_ids):
-        if blocks is not None:
-            ctx.engine.submit(DropReserved(params.req_id))
-        return _answer(False, "Failed forward in for infer engine: not enough free KV blocks")
+    if len(params.kv.block_ids) > ctx.engine.stats.total_blocks:
+        return _answer(False, f"Failed forward in for infer engine: the request needs {len(params.kv.block_ids)} KV "
+                              f"blocks and this instance has {ctx.engine.stats.total_blocks} in all")
     ctx.in_flight[params.req_id] = None  # stopInfer finds it from now on
     ctx.metrics.received(len(params.tokens))
     node.decoding[params.req_id] = asyncio.ensure_future(
-        _run(ctx, node, params, engine_request, call, renderer, results, blocks))
+        _run(ctx, node, params, engine_request, call, renderer, results))
     return _answer(True)
+
+
+async def _reserve(ctx: Serving, node: PDNode, params: DecodeParams) -> list[int] | None:
+    """Blocks for the pulled KV. When too few are free, the request waits for running ones to
+    finish rather than failing (P's lease, 2 x kv_trans_timeout, covers this wait and the pull):
+    None after kv_trans_timeout without them, or once stopped."""
+    deadline = time.monotonic() + ctx.settings.kv_trans_timeout_s
+    while params.req_id not in node.stopped:
+        blocks = await ctx.engine.reserve_kv(params.req_id, params.tokens, len(params.tokens))
+        if blocks is not None:
+            return blocks
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(BLOCK_WAIT_POLL_S)
+    return None
 
 
 async def _rebuild(ctx: Serving, node: PDNode, params: DecodeParams
@@ -115,10 +128,19 @@ async def _rebuild(ctx: Serving, node: PDNode, params: DecodeParams
 
 
 async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: EngineRequest, call: Call,
-               renderer: Renderer, results: list[Result], blocks: list[int]) -> None:
+               renderer: Renderer, results: list[Result]) -> None:
     req_id = params.req_id
     resumed = False
     try:
+        blocks = await _reserve(ctx, node, params)
+        if blocks is None:
+            await _release(ctx, node, params)
+            if req_id not in node.stopped:
+                node.dispatcher.push(encode(req_id, RecordKind.ERROR, "Failed forward in for infer engine: no free KV "
+                                            f"blocks for the request within {ctx.settings.kv_trans_timeout_s:g} s"))
+            return
+        if len(blocks) != len(params.kv.block_ids):
+            raise ValueError(f"{len(blocks)} blocks reserved for P's {len(params.kv.block_ids)}")
         job = node.transport.pull(params.kv, blocks, time.monotonic() + ctx.settings.kv_trans_timeout_s)
         status = await asyncio.to_thread(job.wait)
         await _release(ctx, node, params)

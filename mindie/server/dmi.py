@@ -16,6 +16,7 @@ import ipaddress
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,9 @@ class GenerationRoute:
         return m.groupdict() if m else None
 
 
+MAX_EARLY_STOPS = 10_000  # stops of requests D has not seen yet, remembered at most (a bound on memory)
+
+
 class PDNode:
     def __init__(self, settings: Any, engine: Any) -> None:
         if not settings.inter_comm_token:
@@ -73,6 +77,7 @@ class PDNode:
         self.leases: dict[str, tuple[str, asyncio.TimerHandle]] = {}  # P: req-id -> (lease id, expiry)
         self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
         self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
+        self.early_stops: dict[str, float] = {}  # D: req-id -> until when a stop that came before P's call holds
         inner = engine.engine
         caches = inner.runner.kv_caches
         k0 = caches[0][0]
@@ -155,9 +160,21 @@ class PDNode:
     # --- D -----------------------------------------------------------------------------------
 
     def stop(self, req_id: str) -> None:
-        """stopInfer: a request whose KV is still on its way is dropped when it arrives."""
+        """stopInfer: a request whose KV is still on its way is dropped when it arrives. The
+        coordinator stops P and D at once, so the stop may also come before P has handed the
+        request over (P between its first token and its call to D): that call is then refused,
+        for as long as P's lease could make it (2 x kv_trans_timeout)."""
         if req_id in self.decoding:
             self.stopped.add(req_id)
+        elif self.is_decode:
+            now = time.monotonic()
+            if len(self.early_stops) >= MAX_EARLY_STOPS:
+                self.early_stops = {r: t for r, t in self.early_stops.items() if t > now}
+            if len(self.early_stops) < MAX_EARLY_STOPS:
+                self.early_stops[req_id] = now + 2 * self.settings.kv_trans_timeout_s
+
+    def stopped_early(self, req_id: str) -> bool:
+        return self.early_stops.pop(req_id, 0.0) > time.monotonic()
 
     def find_route(self, path: str) -> tuple[GenerationRoute, dict[str, str]] | None:
         for route in self.routes:

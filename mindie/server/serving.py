@@ -159,6 +159,8 @@ class Serving:
         """stopInfer: by the client's own id or ours; False if no such request is running."""
         request_id = self._by_user_id.get(some_id, some_id)
         if request_id not in self.in_flight:
+            if self.pd is not None:
+                self.pd.stop(request_id)  # a decode node may yet be handed the request
             return False
         if self.pd is not None:
             self.pd.stop(request_id)

@@ -68,6 +68,10 @@ class RunningServer:
         """Runs fn(*args) on the server's event loop, as its own tasks would."""
         self._loop.call_soon_threadsafe(fn, *args)
 
+    def run(self, coro, timeout: float = 10):
+        """Runs a coroutine on the server's event loop and returns its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)

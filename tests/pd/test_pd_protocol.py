@@ -1,7 +1,8 @@
 """The PD wire as the coordinator and the peers see it: roles and their errors, P's header
 checks and envelope errors, D's /dresult framing (whole records per chunk, heartbeat, close on a
 second GET, a vLLM event's own NUL), the inter-instance token and peer list, the KV layout check,
-P's lease when D never pulls, and stopInfer on D."""
+P's lease when D never pulls, stopInfer on D (also before P hands the request over), and D waiting
+for free blocks rather than failing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from helpers.pd import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, set_role
 from helpers.server import RunningServer, free_port
 
+from mindie.engine.commands import DropReserved
 from mindie.engine.request import RequestOutput
 from mindie.pd.http import TOKEN_HEADER
 from mindie.pd.params import DecodeParams
@@ -239,4 +241,54 @@ def test_stop_infer_on_d_aborts_the_request(pd_pair):
     last = json.loads(records[-2].body.removeprefix(b"data: "))
     assert records[-1].body == b"data: [DONE]\n\n" and last["choices"][0]["finish_reason"] == "stop"
     assert last["usage"]["completion_tokens"] < 200
+    blocks_back(p, d)
+
+
+def test_stop_before_the_handoff_refuses_it(pd_pair):
+    # The coordinator stops P and D at once; D may hear of the request only afterwards.
+    p, d, _ = pd_pair
+    assert httpx.post(d.url + "/v2/models/tiny/stopInfer", json={"id": "5150"}).status_code == 404
+    r = httpx.post(p.url + "/v1/completions", json=COMPLETION, headers=pd_headers("5150", d), timeout=30)
+    assert r.status_code == 500 and "stopped (stopInfer) before it reached this node" in r.json()["error"]["message"]
+    blocks_back(p, d)
+    envelope(httpx.post(p.url + "/v1/completions", json=COMPLETION, headers=pd_headers("5151", d), timeout=30))
+
+
+@pytest.fixture(scope="module")
+def small_d(tiny_llama_dir):
+    """P and a decode node with 8 blocks of 16 positions."""
+    p = RunningServer(dmi_settings(tiny_llama_dir))
+    base = dmi_settings(tiny_llama_dir)
+    d = RunningServer(dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_kv_blocks=8)))
+    assert set_role(p, "prefill", ["127.0.0.1"]).status_code == 200
+    assert set_role(d, "decode", ["127.0.0.1"]).status_code == 200
+    reader = DResultReader(d)
+    yield p, d, reader
+    reader.close()
+    p.close()
+    d.close()
+
+
+def test_decode_waits_for_free_blocks(small_d):
+    p, d, reader = small_d
+    hog = d.run(d.ctx.engine.reserve_kv("hog", list(range(8 * 16)), 8 * 16))  # every block
+    assert hog is not None and d.ctx.engine.stats.free_blocks == 0
+    try:
+        env = envelope(httpx.post(p.url + "/v1/completions", json={**COMPLETION, "stream": True},
+                                  headers=pd_headers("808", d), timeout=30))
+        assert env["isLastResp"] is False  # D took the request though it has no block free now
+        time.sleep(0.3)
+        assert not any(r.req_id == "808" for r in reader.records)
+    finally:
+        d.ctx.engine.submit(DropReserved("hog"))
+    records = reader.until("808")
+    assert [r.kind for r in records][-1] is RecordKind.LAST_DATA and records[-1].body == b"data: [DONE]\n\n"
+    blocks_back(p, d)
+
+
+def test_decode_refuses_what_its_pool_can_never_hold(small_d):
+    p, d, _ = small_d
+    long = {**COMPLETION, "prompt": [5] * 200}  # 13 blocks of 16 for the prompt alone
+    r = httpx.post(p.url + "/v1/completions", json=long, headers=pd_headers("909", d), timeout=30)
+    assert r.status_code == 500 and "this instance has 8 in all" in r.json()["error"]["message"], r.text
     blocks_back(p, d)
