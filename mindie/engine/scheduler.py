@@ -142,6 +142,18 @@ class Scheduler:
         return sum(_width(s.lockstep) if s.lockstep is not None and len(s.lockstep) == 1 else 1
                    for s in self.running)
 
+    def _chunk(self, pending: int, budget: int) -> int:
+        """How many of a sequence's pending tokens to compute this step, at most `budget`. A prompt
+        is never cut into a one-token piece: attention runs a one-token query as a decode row, which
+        rounds differently from a prompt row, and where a prompt is cut depends on what else the
+        step runs; so a token's result would depend on the batch."""
+        n = min(pending, budget)
+        if pending < 2 or self.config.max_prefill_tokens < 2:
+            return n
+        if pending - n == 1:
+            n -= 1
+        return n if n >= 2 else 0
+
     def _share(self, unit: list[Sequence], budget: int, prefills: int) -> list[ScheduledSequence]:
         """The unit's tokens for this step, in order, within the budget and the prefill-batch
         limit; beams already fully computed (waiting for their siblings) take none."""
@@ -150,7 +162,7 @@ class Scheduler:
             is_prefill = seq.num_pending_tokens > 1
             if is_prefill and prefills >= self.config.max_prefill_batch_size:
                 continue
-            n = min(seq.num_pending_tokens, budget)
+            n = self._chunk(seq.num_pending_tokens, budget)
             if n > 0:
                 work.append(ScheduledSequence(seq, n))
                 budget -= n
@@ -191,7 +203,7 @@ class Scheduler:
         for seq in unit:
             reuse = not seq.wants_prompt_logprobs
             cached = self.blocks.match_prefix(seq.token_ids).num_tokens if reuse else 0
-            n = min(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
+            n = self._chunk(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
             reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n, reuse_prefix=reuse)
             if reused is None:
                 for done in unit[: len(plans)]:

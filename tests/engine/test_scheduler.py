@@ -56,6 +56,25 @@ def test_token_budget_chunks_a_long_prompt_and_keeps_decodes_running():
     assert sched.blocks.block_table("long#0") == [1, 2, 4, 5, 6]
 
 
+def test_a_prompt_is_never_cut_into_a_one_token_piece():
+    # A one-token piece would run as a decode row, rounding unlike the rest of its prompt.
+    sched = make(max_prefill_tokens=8)
+    first = seq("a", 7, arrival=0)
+    sched.add(first)
+    sched.add(seq("b", 5, arrival=1))
+    out = sched.schedule()
+    assert plan(out) == [("a#0", 7)]  # one token of budget left: b waits rather than take it
+    decode_step(sched, out)
+    out = sched.schedule()
+    assert plan(out) == [("a#0", 1), ("b#0", 5)]
+    sched = make(max_prefill_tokens=4)
+    sched.add(seq("c", 5))
+    out = sched.schedule()
+    assert plan(out) == [("c#0", 3)]  # 4 would leave a last piece of one
+    decode_step(sched, out, token=None)
+    assert plan(sched.schedule()) == [("c#0", 2)]
+
+
 def test_admission_follows_priority_then_arrival():
     sched = make(max_prefill_tokens=64, max_prefill_batch_size=2)
     sched.add(seq("late-low", 2, priority=5, arrival=2))

@@ -86,6 +86,24 @@ def test_prefill_and_extend(isa, q_dtype, kv_dtype, block_size):
     check(make_batch(q_lens, ctx, 9, 3, 64, block_size, q_dtype, kv_dtype, gen))
 
 
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (6, 2, 17)])
+def test_prefill_rows_do_not_depend_on_the_chunking(isa, q_dtype, kv_dtype, heads, kv_heads, head_dim):
+    # Chunk boundaries depend on what else the scheduler runs; a query row's output must not.
+    gen = torch.Generator().manual_seed(5)
+    ctx = 75
+    whole = make_batch([ctx], [ctx], heads, kv_heads, head_dim, 16, q_dtype, kv_dtype, gen)
+    want = ops.paged_attention(**whole)
+    for cuts in ([30], [2, 40], [33, 35, 73]):  # the scheduler never cuts off one token (see Scheduler._chunk)
+        starts = [0, *cuts]
+        ends = [*cuts, ctx]
+        for a, b in zip(starts, ends):
+            chunk = {**whole, "query": whole["query"][a:b],
+                     "query_start_loc": torch.tensor([0, b - a], dtype=torch.int32),
+                     "seq_lens": torch.tensor([b], dtype=torch.int32)}
+            assert torch.equal(ops.paged_attention(**chunk), want[a:b]), (cuts, a, b)
+
+
 def test_randomized(isa):
     rng = random.Random(4)
     gen = torch.Generator().manual_seed(4)
