@@ -5,8 +5,9 @@ and renderer as P; it replays P's first outputs through that renderer (discardin
 that later events continue the renderer's state exactly (text offsets, a tool-call parser,
 OpenAI's `created`, carried from P). It answers P at once; then it reserves blocks (waiting up to
 kv_trans_timeout for running requests to free enough), pulls the KV (deadline kv_trans_timeout),
-always tells P to release the blocks, and either reports `error:Pull kv failed ...` or resumes the request and sends each later event as a `data:` record
-(the last one `lastData:`), or a non-stream request's whole body as one `lastData:` record.
+always tells P to release the blocks, and either reports `error:Pull kv failed ...` or resumes the
+request and sends each later event as a `data:` record (the last one `lastData:`), or a non-stream
+request's whole body as one `lastData:` record.
 """
 
 from __future__ import annotations
