@@ -1,11 +1,13 @@
 """`mindie cluster` with real P and D instances (processes on 127.0.9.x, a tiny model): greedy
-answers through the coordinator equal one mixed instance's, stream and not, for each framing.
+answers through the coordinator equal one mixed instance's, stream and not, for each framing; a
+client that goes away mid-stream leaves no KV block in use on P or D.
 Needs the P and D roles in the server (`mindie.server.dmi`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 from fakes import free_port
 from helpers.server import RunningServer, local_settings
 
-from mindie.coordinator.cluster import LocalCluster
+from mindie.coordinator.cluster import InstancePlan, LocalCluster
 
 pytest.importorskip("mindie.server.dmi", reason="needs the P and D roles (inferMode dmi)")
 
@@ -48,13 +50,22 @@ def _events(raw: bytes, path: str, stream: bool) -> list[Any]:
     return [p.decode() if p == b"[DONE]" else _normal(json.loads(p)) for p in payloads]
 
 
-def test_pd_cluster_answers_as_one_instance(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    cluster = LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
-                           instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2", workdir=tmp_path)
-    single = RunningServer(local_settings(str(tiny_llama_dir), model_name="tiny"))
-    cluster.start()
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    running = LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
+                           instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2",
+                           workdir=tmp_path_factory.mktemp("cluster"))
+    running.start()
     try:
-        cluster.wait_ready(timeout_s=300)
+        running.wait_ready(timeout_s=300)
+        yield running
+    finally:
+        running.stop(grace_s=20)
+
+
+def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_dir: Path) -> None:
+    single = RunningServer(local_settings(str(tiny_llama_dir), model_name="tiny"))
+    try:
         with httpx.Client(trust_env=False, timeout=120) as client:
             for path, body, stream in CASES:
                 pd = client.post(cluster.url + path, json=body)
@@ -63,5 +74,36 @@ def test_pd_cluster_answers_as_one_instance(tiny_llama_dir: Path, tmp_path: Path
                 assert pd.headers["content-type"] == one.headers["content-type"]
                 assert _events(pd.content, path, stream) == _events(one.content, path, stream), (path, stream)
     finally:
-        cluster.stop(grace_s=20)
         single.close()
+
+
+def _metric(client: httpx.Client, inst: InstancePlan, name: str) -> float:
+    """A metric of the instance; 0 for a counter with no sample yet."""
+    text = client.get(f"http://{inst.ip}:{inst.metrics_port}/metrics").text
+    found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_client_disconnect_frees_every_block_on_p_and_d(cluster: LocalCluster) -> None:
+    body = {"model": "tiny", "prompt": "a b c", "max_tokens": 480, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    p, d = cluster.instances
+    with httpx.Client(trust_env=False, timeout=60) as client:
+        with client.stream("POST", cluster.url + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(3):  # three tokens: D is decoding it
+                while not next(lines).startswith("data: "):
+                    pass
+            assert _metric(client, d, "npu_cache_usage_perc") > 0
+            cancelled = _metric(client, d, "request_failed_total")
+        # the client has gone: the coordinator stops the request on P and D
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            usage = [_metric(client, i, "npu_cache_usage_perc") for i in (p, d)]
+            if usage == [0.0, 0.0]:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"KV blocks still in use on P, D: {usage}")
+        assert _metric(client, d, "request_failed_total") == cancelled + 1  # stopped, not run to its end
