@@ -541,11 +541,18 @@ class Attention {
         for (int t = 0; t < valid; ++t) axpy(acc + r * D_, p[r * NP + t], vf + t * D_, D_);
       return;
     }
+    with_rows(rt, [&](auto rows) { accumulate_rows_fixed<decltype(rows)::value>(acc, p, NP, vf, valid); });
+  }
+
+  // f(std::integral_constant<int, rt>) for a row tile of rt = 1..4 rows.
+  template <typename F>
+  static void with_rows(int rt, F&& f) {
+    static_assert(kRowTile <= 4, "with_rows instantiates tiles of up to 4 rows");
     switch (rt) {
-      case 4: return accumulate_rows_fixed<4>(acc, p, NP, vf, valid);
-      case 3: return accumulate_rows_fixed<3>(acc, p, NP, vf, valid);
-      case 2: return accumulate_rows_fixed<2>(acc, p, NP, vf, valid);
-      default: return accumulate_rows_fixed<1>(acc, p, NP, vf, valid);
+      case 4: return f(std::integral_constant<int, 4>{});
+      case 3: return f(std::integral_constant<int, 3>{});
+      case 2: return f(std::integral_constant<int, 2>{});
+      default: return f(std::integral_constant<int, 1>{});
     }
   }
 
@@ -582,12 +589,7 @@ class Attention {
   // s[r][t] = q[r] . k_t for rt rows (s rows NP apart, q rows D apart) and t < valid, rounded up to
   // whole vectors of keys, up to 4 vectors at a time: each key vector loaded serves every row.
   void score_rows(int rt, float* s, const float* q, const float* kt, int NP, int valid) const {
-    switch (rt) {
-      case 4: return score_rows_fixed<4>(s, q, kt, NP, valid);
-      case 3: return score_rows_fixed<3>(s, q, kt, NP, valid);
-      case 2: return score_rows_fixed<2>(s, q, kt, NP, valid);
-      default: return score_rows_fixed<1>(s, q, kt, NP, valid);
-    }
+    with_rows(rt, [&](auto rows) { score_rows_fixed<decltype(rows)::value>(s, q, kt, NP, valid); });
   }
 
   template <int RT>

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +51,21 @@ def _events(raw: bytes, path: str, stream: bool) -> list[Any]:
     return [p.decode() if p == b"[DONE]" else _normal(json.loads(p)) for p in payloads]
 
 
+def _running(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """A fixture body: the cluster started, ready, and stopped afterwards."""
+    cluster.start()
+    try:
+        cluster.wait_ready(timeout_s=300)
+        yield cluster
+    finally:
+        cluster.stop(grace_s=20)
+
+
 @pytest.fixture(scope="module")
 def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    running = LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
-                           instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2",
-                           workdir=tmp_path_factory.mktemp("cluster"))
-    running.start()
-    try:
-        running.wait_ready(timeout_s=300)
-        yield running
-    finally:
-        running.stop(grace_s=20)
+    yield from _running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
+                                     instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2",
+                                     workdir=tmp_path_factory.mktemp("cluster")))
 
 
 def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_dir: Path) -> None:
@@ -88,14 +93,8 @@ def _metric(client: httpx.Client, inst: InstancePlan, name: str) -> float:
 def default_model_cluster(tmp_path_factory: pytest.TempPathFactory):
     """1P1D on the embedded default model: a few ms per token, so a long request is still running
     when a stop arrives (the tiny model writes 480 tokens in about 0.1 s)."""
-    running = LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.9.12"),
-                           first_ip="127.0.9.12", workdir=tmp_path_factory.mktemp("default-cluster"))
-    running.start()
-    try:
-        running.wait_ready(timeout_s=300)
-        yield running
-    finally:
-        running.stop(grace_s=20)
+    yield from _running(LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.9.12"),
+                                     first_ip="127.0.9.12", workdir=tmp_path_factory.mktemp("default-cluster")))
 
 
 def test_client_disconnect_frees_every_block_on_p_and_d(default_model_cluster: LocalCluster) -> None:

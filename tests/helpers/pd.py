@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 
 import httpx
@@ -19,6 +20,18 @@ def dmi_settings(model_dir, **changes):
     base = local_settings(str(model_dir), dtype="float32", model_name="tiny")
     return replace(base, infer_mode="dmi", inter_comm_port=free_port(), kv_transfer_port=0,
                    inter_comm_token=TOKEN, **changes)
+
+
+def pd_pair_of(p_settings, d_settings) -> Iterator[tuple[RunningServer, RunningServer, DResultReader]]:
+    """A prefill and a decode server with their roles set, and a reader of D's /dresult (a fixture body)."""
+    p, d = RunningServer(p_settings), RunningServer(d_settings)
+    assert set_role(p, "prefill", ["127.0.0.1"]).status_code == 200
+    assert set_role(d, "decode", ["127.0.0.1"]).status_code == 200
+    reader = DResultReader(d)
+    yield p, d, reader
+    reader.close()
+    p.close()
+    d.close()
 
 
 def set_role(server: RunningServer, role: str, peers: list[str]) -> httpx.Response:

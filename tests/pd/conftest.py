@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.pd import DResultReader, dmi_settings, set_role
+from helpers.pd import dmi_settings, pd_pair_of
 from helpers.server import RunningServer, local_settings
 
 
@@ -17,12 +17,4 @@ def single(tiny_llama_dir):
 
 @pytest.fixture(scope="package")
 def pd_pair(tiny_llama_dir):
-    p = RunningServer(dmi_settings(tiny_llama_dir))
-    d = RunningServer(dmi_settings(tiny_llama_dir))
-    assert set_role(p, "prefill", ["127.0.0.1"]).status_code == 200
-    assert set_role(d, "decode", ["127.0.0.1"]).status_code == 200
-    reader = DResultReader(d)
-    yield p, d, reader
-    reader.close()
-    p.close()
-    d.close()
+    yield from pd_pair_of(dmi_settings(tiny_llama_dir), dmi_settings(tiny_llama_dir))

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from helpers.pd import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, set_role
+from helpers.pd import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
 from helpers.server import RunningServer, free_port
 
 from mindie.engine.commands import DropReserved
@@ -257,16 +257,9 @@ def test_stop_before_the_handoff_refuses_it(pd_pair):
 @pytest.fixture(scope="module")
 def small_d(tiny_llama_dir):
     """P and a decode node with 8 blocks of 16 positions."""
-    p = RunningServer(dmi_settings(tiny_llama_dir))
     base = dmi_settings(tiny_llama_dir)
-    d = RunningServer(dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_kv_blocks=8)))
-    assert set_role(p, "prefill", ["127.0.0.1"]).status_code == 200
-    assert set_role(d, "decode", ["127.0.0.1"]).status_code == 200
-    reader = DResultReader(d)
-    yield p, d, reader
-    reader.close()
-    p.close()
-    d.close()
+    small = dataclasses.replace(base, engine=dataclasses.replace(base.engine, num_kv_blocks=8))
+    yield from pd_pair_of(dmi_settings(tiny_llama_dir), small)
 
 
 def test_decode_waits_for_free_blocks(small_d):
