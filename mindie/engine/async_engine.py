@@ -68,13 +68,12 @@ class AsyncEngine:
         self.submit(ReserveKV(request_id, token_ids, num_tokens, loop, reply))
         return await reply
 
-    async def resume_request(self, request: EngineRequest, first_token_ids: list[int], seed: int,
-                             cumulative_logprob: float, num_cached_prompt_tokens: int
+    async def resume_request(self, request: EngineRequest, num_cached_prompt_tokens: int
                              ) -> AsyncIterator[RequestOutput]:
         """`add_request` for a request P handed off, into the blocks `reserve_kv` gave it."""
         loop = asyncio.get_running_loop()
         sink = OutputSink(loop, asyncio.Queue(), loop.create_future())
-        self.submit(ResumeRequest(request, first_token_ids, seed, cumulative_logprob, num_cached_prompt_tokens, sink))
+        self.submit(ResumeRequest(request, num_cached_prompt_tokens, sink))
         await sink.accepted
         return self._stream(request.request_id, sink.queue)
 
@@ -159,8 +158,7 @@ class AsyncEngine:
         sink = command.sink
         try:
             if isinstance(command, ResumeRequest):
-                self.engine.resume(command.request, command.first_token_ids, command.seed,
-                                   command.cumulative_logprob, command.num_cached_prompt_tokens)
+                self.engine.resume(command.request, command.num_cached_prompt_tokens)
             else:
                 self.engine.add_request(command.request)
         except Exception as exc:

@@ -65,13 +65,10 @@ class DropReserved:
 
 @dataclass(frozen=True)
 class ResumeRequest:
-    """Runs a request whose reserved blocks now hold its prompt's KV, continuing after
-    `first_token_ids` with the sampler's `seed`; outputs go to `sink` as for AddRequest."""
+    """Runs a request whose reserved blocks now hold its KV, continuing after the outputs of its
+    `continuation`; outputs go to `sink` as for AddRequest."""
 
     request: EngineRequest
-    first_token_ids: list[int]
-    seed: int
-    cumulative_logprob: float
     num_cached_prompt_tokens: int
     sink: OutputSink
 

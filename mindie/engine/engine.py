@@ -109,6 +109,11 @@ class LLMEngine:
         if params.use_beam_search:
             self._add_beam_search(request, max_total, base_seed)
             return
+        if request.continuation is not None:
+            seq = self._continued(request, max_total)
+            self.requests[request.request_id] = [seq]
+            self.scheduler.add(seq)
+            return
         samples: list[Sequence] = []
         for index in range(request.params.num_samples):
             detok = IncrementalDetokenizer(
@@ -173,44 +178,56 @@ class LLMEngine:
             self.reserved.discard(request_id)
             self.blocks.free(_seq_id(request_id))
 
-    def resume(self, request: EngineRequest, first_token_ids: list[int], seed: int,
-               cumulative_logprob: float, num_cached_prompt_tokens: int = 0) -> None:
-        """Continues a request handed off by P: its reserved blocks hold the prompt's KV, its
-        first tokens are already emitted. The detokenizer and grammar matcher are replayed over
-        them, so stop strings, held-back text and the grammar continue where P left off; the
-        seeded sampler draws by (seed, tokens so far), so it continues too. ValueError (the
-        reservation dropped) if the request cannot run here."""
+    def resume(self, request: EngineRequest, num_cached_prompt_tokens: int = 0) -> None:
+        """Runs a request handed off by P: its `continuation` holds the outputs emitted so far and
+        its reserved blocks the KV of every token before the last of them (the prompt, and any
+        outputs a recompute went over). ValueError (the reservation dropped) if it cannot run here."""
         rid = request.request_id
         if rid not in self.reserved:
             raise ValueError(f"request {rid!r} has no reserved KV blocks")
         try:
-            if request.params.use_beam_search or request.params.num_samples != 1:
-                raise ValueError("only a single-sample request can be resumed")
-            max_total = self._max_total(request, 1)
-            if len(request.prompt_token_ids) + len(first_token_ids) >= max_total:
-                raise ValueError("the request has no room left for output here")
+            if request.continuation is None:
+                raise ValueError("a resumed request needs the outputs it continues after")
+            seq = self._continued(request, self._max_total(request, 1))
         except ValueError:
             self.drop_reserved(rid)
             raise
         self.reserved.discard(rid)
-        params = request.params
-        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                       skip_special_tokens=params.skip_special_tokens, stop=params.stop,
-                                       include_stop_str_in_output=params.include_stop_str_in_output)
-        detok.append(first_token_ids)
-        matcher = request.grammar.matcher() if request.grammar is not None else None
-        for token in first_token_ids:
-            if matcher is not None:
-                matcher.advance(token)
-        seq = Sequence(request, 0, seed, max_total, detok, matcher=matcher,
-                       token_ids=list(request.prompt_token_ids) + list(first_token_ids))
-        seq.num_computed_tokens = len(request.prompt_token_ids)
-        seq.cumulative_logprob = cumulative_logprob
+        seq.num_computed_tokens = len(seq.token_ids) - 1
         seq.num_cached_prompt_tokens = num_cached_prompt_tokens  # P's prefix-cache hit, reported as is
         seq.first_scheduled_time = seq.first_token_time = seq.ready_time = time.monotonic()
         self.blocks.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         self.requests[rid] = [seq]
         self.scheduler.resume(seq)
+
+    def _continued(self, request: EngineRequest, max_total: int) -> Sequence:
+        """The one sample of a request that goes on after `request.continuation`'s outputs: the
+        detokenizer and grammar matcher replayed over them one by one, as if it had sampled them."""
+        cont = request.continuation
+        assert cont is not None
+        params = request.params
+        if params.use_beam_search or params.num_samples != 1:
+            raise ValueError("only a single-sample request can continue after outputs made elsewhere")
+        if not cont.output_token_ids:
+            raise ValueError("a continued request needs at least one output")
+        vocab = self.loaded.config.vocab_size
+        bad = next((t for t in cont.output_token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"output token id {bad} is out of range [0, {vocab})")
+        if len(request.prompt_token_ids) + len(cont.output_token_ids) >= max_total:
+            raise ValueError("the request has no room left for output here")
+        detok = IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                       skip_special_tokens=params.skip_special_tokens, stop=params.stop,
+                                       include_stop_str_in_output=params.include_stop_str_in_output)
+        matcher = request.grammar.matcher() if request.grammar is not None else None
+        for token in cont.output_token_ids:
+            detok.append([token])
+            if matcher is not None:
+                matcher.advance(token)
+        seq = Sequence(request, 0, cont.seed, max_total, detok, matcher=matcher,
+                       token_ids=list(request.prompt_token_ids) + list(cont.output_token_ids))
+        seq.cumulative_logprob = cont.cumulative_logprob
+        return seq
 
     def _hand_off(self, seq: Sequence, tokens: list[int], lps: list[TokenLogprob], text: str,
                   timing: tuple[int, float]) -> RequestOutput:
@@ -256,8 +273,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         started = time.monotonic()
-        outputs = self._expire_timeouts()
+        outputs = self._expire_timeouts() + self._forced_preemptions()
         scheduled = self.scheduler.schedule()
+        outputs += [self._send_back(seq) for seq in scheduled.preempted if seq.request.recompute_elsewhere]
         if not scheduled.scheduled:
             return outputs
         logits, seqs, prompt_logits = self.runner.execute(scheduled)
@@ -272,6 +290,18 @@ class LLMEngine:
         now = time.monotonic()
         expired = [rid for rid, samples in self.requests.items() if samples[0].timed_out(now)]
         return [out for rid in expired for out in self.abort(rid)]
+
+    def _forced_preemptions(self) -> list[RequestOutput]:
+        """The `preempt_at` test hook: preempted exactly as the scheduler would when short of blocks."""
+        due = [seq for seq in self.scheduler.running if seq.request.recompute_elsewhere
+               and seq.request.preempt_at is not None and seq.num_output_tokens >= seq.request.preempt_at]
+        for seq in due:
+            self.scheduler.preempt(seq)
+        return [self._send_back(seq) for seq in due]
+
+    def _send_back(self, seq: Sequence) -> RequestOutput:
+        """A preempted sequence whose recompute is a prefill node's work ends here, its KV already freed."""
+        return self._finish(seq, FinishReason.RECOMPUTE, [], [], "", None)
 
     def _update(self, seqs: list[Sequence], logits: torch.Tensor, step: StepInfo) -> list[RequestOutput]:
         beam_rows = [row for row, seq in enumerate(seqs) if seq.lockstep is not None]
@@ -421,7 +451,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, tokens: list[int], lps: list[TokenLogprob],
                 text: str, timing: tuple[int, float] | None) -> RequestOutput:
-        if reason is not FinishReason.STOP:
+        if reason not in (FinishReason.STOP, FinishReason.RECOMPUTE):  # a recompute goes on: hold text back
             text += seq.detokenizer.flush()
         seq.finish_reason = reason
         self.scheduler.remove(seq)

@@ -35,6 +35,9 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # a stop string
     LENGTH = "length"  # max_tokens, maxIterTimes or maxSeqLen reached
     ABORT = "abort"  # cancelled by the client or by its timeout
+    # PD, on D: preempted there and sent back to be recomputed by a prefill node (MindIE's retry:);
+    # D turns it into a retry record, it never reaches a client.
+    RECOMPUTE = "recompute"
 
 
 def _check(ok: bool, name: str, rule: str, value: object) -> None:
@@ -131,6 +134,18 @@ class SamplingParams:
         return not self.do_sample or self.temperature == 0
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """Outputs a request already produced elsewhere, which the engine continues after as if it had
+    produced them itself (PD: D going on from P's first token, P recomputing what a D sent back):
+    the detokenizer, stop strings, grammar and penalties see them, max_tokens counts them, and the
+    seeded sampler, which draws by (seed, tokens so far), makes the same draws from there on."""
+
+    output_token_ids: list[int]
+    seed: int
+    cumulative_logprob: float
+
+
 @dataclass
 class EngineRequest:
     request_id: str
@@ -146,6 +161,13 @@ class EngineRequest:
     # Prefill/decode disaggregation, on P: after the first token the engine stops the request and
     # keeps its prompt's KV blocks pinned under a lease (`RequestOutput.kv`) for D to pull.
     handoff: bool = False
+    continuation: Continuation | None = None
+    # PD, on D: a preempted sequence is not recomputed here (that is a prefill node's work) but
+    # ends with FinishReason.RECOMPUTE, for the coordinator to send back to a prefill node.
+    recompute_elsewhere: bool = False
+    # A test hook (a decode node's MINDIE_PD_PREEMPT_AT): with recompute_elsewhere, the sequence
+    # is preempted as soon as it has this many outputs, as if the KV cache had run short.
+    preempt_at: int | None = None
 
     def __post_init__(self) -> None:
         _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)

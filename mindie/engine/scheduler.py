@@ -185,7 +185,7 @@ class Scheduler:
             if not own and len(out.preempted) >= self.config.max_preempt_count:
                 return False
             for v in list(victims):
-                self._preempt(v)
+                self.preempt(v)
                 out.preempted.append(v)
             if own:
                 return False
@@ -226,7 +226,7 @@ class Scheduler:
                 work.append(ScheduledSequence(seq, n))
         return work
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
         """Recompute preemption: drop the KV, keep the tokens; the sequence re-enters the queue at
         its original place and its output continues exactly where it stopped."""
         self.running.remove(seq)

@@ -56,7 +56,8 @@ class Sequence:
     @property
     def wants_prompt_logprobs(self) -> bool:
         """Sample 0 of a request that asks for prompt log-probabilities, until it has them all."""
-        if self.index != 0 or self.request.params.prompt_logprobs is None or self.num_prompt_tokens < 2:
+        if (self.index != 0 or self.request.params.prompt_logprobs is None or self.num_prompt_tokens < 2
+                or self.request.continuation is not None):  # a continued request had them where it began
             return False
         # positions are recorded in order, so the last one comes last
         return self.prompt_logprobs is None or self.prompt_logprobs[-1] is None

@@ -78,6 +78,8 @@ class ServerMetrics:
         if out.finish_reason is FinishReason.ABORT:
             self.failed()
             return
+        if out.finish_reason is FinishReason.RECOMPUTE:
+            return  # sent back to a prefill node: it ends, and is counted, where it is continued
         self.request_success.labels(self._label).inc()
         self.generation_tokens.labels(self._label).inc(num_tokens)
         self.req_gen.labels(self._label).observe(num_tokens)

@@ -89,13 +89,13 @@ def test_preemption_happened_and_output_is_unchanged(loaded):
     engine = make_engine(loaded, cacheBlockSize=8, numKvBlocks=12)
     alone = {i: tokens(run(engine, [EngineRequest(f"a{i}", p, GREEDY)])[f"a{i}"]) for i, p in enumerate(prompts(5))}
     preempted = []
-    original = engine.scheduler._preempt
+    original = engine.scheduler.preempt
 
     def spy(seq):
         preempted.append(seq.seq_id)
         original(seq)
 
-    engine.scheduler._preempt = spy
+    engine.scheduler.preempt = spy
     outs = run(engine, [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(prompts(5))])
     assert preempted, "the pool was meant to be too small for all five at once"
     assert {int(k): tokens(v) for k, v in outs.items()} == alone

@@ -150,13 +150,13 @@ def test_mixed_with_plain_requests_and_preempted(loaded):
     alone = {rid: result(run(make_engine(loaded), [EngineRequest(rid, p, sp)])[rid]) for rid, p, sp in reqs}
     engine = make_engine(loaded, numKvBlocks=30)
     preempted: list[str] = []
-    original = engine.scheduler._preempt
+    original = engine.scheduler.preempt
 
     def spy(seq):
         preempted.append(seq.request.request_id)
         original(seq)
 
-    engine.scheduler._preempt = spy
+    engine.scheduler.preempt = spy
     mixed = run(engine, [EngineRequest(rid, p, sp) for rid, p, sp in reqs])
     assert any(rid.startswith("b") for rid in preempted), "the pool was meant to preempt a beam group"
     assert {rid: result(outs) for rid, outs in mixed.items()} == alone

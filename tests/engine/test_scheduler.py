@@ -211,7 +211,7 @@ def test_beam_group_admission_is_all_or_nothing():
     decode_step(sched, out, token=None)
     fork_all(sched, group, 3)
     for s in group:
-        sched._preempt(s)
+        sched.preempt(s)
     sched.blocks.allocate("filler", [0] * 8, 8)
     # Block 0 (the prompt head, cached, shared by all three) + blocks 3 and 4 free: two beams
     # could start, three cannot, so none does.

@@ -1,16 +1,19 @@
 """The engine side of prefill/decode disaggregation without any transport: P stops a handoff
 request after its first token with its prompt's blocks pinned, D reserves blocks, the KV is
 copied across, and D's resumed request continues exactly as one engine would, greedy and seeded;
-every block comes back on both sides."""
+every block comes back on both sides. A D that preempts a request sends it back (RECOMPUTE), and
+a second P and D continuing it from its outputs so far give the same tokens and text again."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
+from mindie.engine.request import Continuation, EngineRequest, FinishReason, RequestOutput, SamplingParams
 from mindie.model.loader import load_model
 
 
@@ -35,6 +38,25 @@ def token_ids(outs: list[RequestOutput]) -> list[int]:
     return [t for o in outs for t in o.new_token_ids]
 
 
+def continuation(outs: list[RequestOutput]) -> Continuation:
+    return Continuation(token_ids(outs), outs[-1].seed, outs[-1].cumulative_logprob)
+
+
+def hand_over(p: LLMEngine, d: LLMEngine, request: EngineRequest, first: RequestOutput,
+              emitted: list[RequestOutput]) -> None:
+    """D takes over what P handed off: blocks reserved, KV copied, P's lease released, resumed
+    after `emitted` (every output so far, P's last one included)."""
+    kv_tokens = request.prompt_token_ids + token_ids(emitted)[:-1]
+    assert first.kv is not None and first.kv.num_tokens == len(kv_tokens)
+    dst = d.reserve_kv(request.request_id, kv_tokens, len(kv_tokens))
+    assert dst is not None and len(dst) == len(first.kv.block_ids)
+    src_idx, dst_idx = torch.tensor(first.kv.block_ids), torch.tensor(dst)
+    for (pk, pv), (dk, dv) in zip(p.runner.kv_caches, d.runner.kv_caches):
+        dk[dst_idx], dv[dst_idx] = pk[src_idx], pv[src_idx]
+    p.release_kv(first.kv.lease_id)
+    d.resume(dataclasses.replace(request, continuation=continuation(emitted)))
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
     SamplingParams(max_tokens=12, temperature=0.9, top_k=20, seed=1234, repetition_penalty=1.3,
@@ -53,14 +75,8 @@ def test_handoff_continues_exactly(loaded, params):
     assert first.new_token_ids == expected[0].new_token_ids and first.kv.num_tokens == len(prompt)
     assert p.blocks.num_used_blocks() == len(first.kv.block_ids) == 3
 
-    dst = d.reserve_kv("r", prompt, first.kv.num_tokens)
-    assert dst is not None and len(dst) == 3
-    src_idx, dst_idx = torch.tensor(first.kv.block_ids), torch.tensor(dst)
-    for (pk, pv), (dk, dv) in zip(p.runner.kv_caches, d.runner.kv_caches):
-        dk[dst_idx], dv[dst_idx] = pk[src_idx], pv[src_idx]
-    p.release_kv(first.kv.lease_id)
+    hand_over(p, d, EngineRequest("r", prompt, params), first, [first])
     assert p.blocks.num_used_blocks() == 0
-    d.resume(EngineRequest("r", prompt, params), first.new_token_ids, first.seed, first.cumulative_logprob)
     rest = drain(d)
     assert token_ids([first] + rest) == token_ids(expected)
     assert "".join(o.new_text for o in [first] + rest) == "".join(o.new_text for o in expected)
@@ -95,4 +111,49 @@ def test_reservation_refused_or_dropped(loaded):
     d.drop_reserved("r")
     assert d.blocks.num_used_blocks() == 0
     with pytest.raises(ValueError, match="no reserved KV"):
-        d.resume(EngineRequest("r", [1, 2, 3], SamplingParams()), [4], 0, 0.0)
+        d.resume(EngineRequest("r", [1, 2, 3], SamplingParams(), continuation=Continuation([4], 0, 0.0)))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, stop=["zz"]),
+    SamplingParams(max_tokens=14, temperature=0.9, top_k=20, seed=99, presence_penalty=0.7, ignore_eos=True),
+], ids=["greedy", "seeded"])
+def test_a_request_sent_back_for_recompute_continues_exactly(loaded, params):
+    prompt = list(range(7, 7 + 9))
+    single = engine(loaded)
+    single.add_request(EngineRequest("r", prompt, params))
+    expected = drain(single)
+
+    p1, d1 = engine(loaded), engine(loaded)
+    p1.add_request(EngineRequest("r", prompt, params, handoff=True))
+    [first] = drain(p1)
+    hand_over(p1, d1, EngineRequest("r", prompt, params, recompute_elsewhere=True, preempt_at=5), first, [first])
+    sent_back = drain(d1)
+    emitted, last = [first, *sent_back[:-1]], sent_back[-1]
+    assert last.finish_reason is FinishReason.RECOMPUTE and last.request_done and not last.new_token_ids
+    assert len(token_ids(emitted)) == 5 and d1.blocks.num_used_blocks() == 0 and not d1.requests
+
+    # P recomputes the prompt and the outputs so far, samples one more token and hands off again
+    p2, d2 = engine(loaded), engine(loaded)
+    again = EngineRequest("r", prompt, params, handoff=True, continuation=continuation(emitted))
+    p2.add_request(again)
+    [resumed] = drain(p2)
+    assert resumed.kv is not None and resumed.kv.num_tokens == len(prompt) + 5
+    assert resumed.num_output_tokens == 6 and resumed.first_token_latency_s is None
+    emitted.append(resumed)
+    hand_over(p2, d2, EngineRequest("r", prompt, params), resumed, emitted)
+    rest = drain(d2)
+    assert token_ids(emitted + rest) == token_ids(expected)
+    assert "".join(o.new_text for o in emitted + rest) == "".join(o.new_text for o in expected)
+    assert rest[-1].finish_reason == expected[-1].finish_reason
+    assert [e.blocks.num_used_blocks() for e in (p2, d2)] == [0, 0]
+
+
+def test_a_continuation_must_leave_room_and_use_known_tokens(loaded):
+    e = engine(loaded)
+    with pytest.raises(ValueError, match="no room left"):
+        e.add_request(EngineRequest("r", [5, 6], SamplingParams(max_tokens=3),
+                                    continuation=Continuation([7, 8, 9], 0, 0.0)))
+    with pytest.raises(ValueError, match="out of range"):
+        e.add_request(EngineRequest("r", [5, 6], SamplingParams(max_tokens=8),
+                                    continuation=Continuation([10**6], 0, 0.0)))
