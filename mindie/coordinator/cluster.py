@@ -73,6 +73,9 @@ class LocalCluster:
     workdir: Path | None = None
     instance_command: InstanceCommand = serve_command
     coordinator_overrides: dict[str, Any] = field(default_factory=dict)  # ms_coordinator.json sections
+    model_config: dict[str, Any] = field(default_factory=dict)  # each instance's ModelConfig[0] keys
+    schedule_config: dict[str, Any] = field(default_factory=dict)  # each instance's ScheduleConfig keys
+    role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # role -> extra environment variables
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,7 +99,7 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.port + 4}"
 
     def instance_config(self, inst: InstancePlan) -> dict[str, Any]:
-        model: dict[str, Any] = {}
+        model: dict[str, Any] = dict(self.model_config)
         if self.model:
             model["modelWeightPath"] = os.path.abspath(self.model)
         if self.model_name:
@@ -108,7 +111,8 @@ class LocalCluster:
                 "inferMode": "dmi", "interCommTLSEnabled": False, "interCommPort": inst.inter_comm_port,
                 "interCommToken": self.token,
             },
-            "BackendConfig": {"ModelDeployConfig": {"ModelConfig": [model]}},
+            "BackendConfig": {"ModelDeployConfig": {"ModelConfig": [model]},
+                              **({"ScheduleConfig": self.schedule_config} if self.schedule_config else {})},
         }
 
     def coordinator_config(self) -> dict[str, Any]:
@@ -143,17 +147,17 @@ class LocalCluster:
     def start(self) -> None:
         workdir = self.write()
         for inst in self.instances:
-            self._spawn(inst.name, self.instance_command(workdir / f"{inst.name}.json"))
+            self._spawn(inst.name, self.instance_command(workdir / f"{inst.name}.json"), self.role_env.get(inst.role))
         self._spawn("coordinator", [sys.executable, "-P", "-m", "mindie", "coordinator", "--config",
                                     str(workdir / "ms_coordinator.json")])
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         assert self.workdir is not None
         with open(self.workdir / f"{name}.log", "ab") as log:
             # its own process group: a Ctrl-C at the terminal reaches the launcher only, which
             # then stops every process in order
             self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+                                                    start_new_session=True, env={**os.environ, **(env or {})})
 
     def dead(self) -> str | None:
         """The name of a process that has exited, if any."""

@@ -6,7 +6,9 @@ Limits and timeouts are MindIE's: 503 before the cluster is ready, 429 past `max
 past `schedule_timeout` (no P/D pair has room), `first_token_timeout` (P has not answered) or
 `infer_timeout` (the whole request), all counted from arrival. Once a stream has started an error
 cannot change its status any more: it becomes one last event in the family's framing. A client
-that goes away, and a first-token or inference timeout, cancel the request on P and D.
+that goes away, and a first-token or inference timeout, cancel the request on P and D. A request
+D sends back for recompute (`retry:`) goes to a freshly scheduled pair under the same req-id; the
+client sees one unbroken answer.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ log = logging.getLogger("mindie.coordinator")
 T = TypeVar("T")
 
 P_CONNECT_ATTEMPTS = 4  # MindIE's RequestRepeater tries to reach P four times
+RECOMPUTE_RETRY_S = 1.0  # MindIE's RetryDuplicateReqIdHandler: a refused recompute goes again after 1 s
 JSON = "application/json"
 # Headers of the client's request that P needs to see as the client sent them.
 _FORWARDED = ("content-type", "accept", "authorization")
@@ -137,14 +140,17 @@ class Relay:
         first = min((d for d in (ft, inf) if d is not None), default=None)
         message = "Request first token timeout" if first == ft else "Request inference timeout"
         try:
-            reply = await asyncio.wait_for(self._call_p(), self._remaining(first))
+            reply = await asyncio.wait_for(self._call_p(self.body), self._remaining(first))
         except TimeoutError:
             raise Failure(408, message, stop=True) from None
         self.tracked.state = State.FIRST_TOKEN_FINISH
         return reply
 
-    async def _schedule(self) -> None:
-        deadline = self._deadline(self.cfg.schedule_timeout_s)
+    async def _schedule(self, since: float | None = None) -> None:
+        """Picks the request's P and D, waiting up to schedule_timeout (from arrival, or from
+        `since` for a recompute) for a pair with room."""
+        start = self.tracked.arrived if since is None else since
+        deadline = start + self.cfg.schedule_timeout_s if self.cfg.schedule_timeout_s > 0 else None
         while True:
             pair = self.coord.scheduler.pick()
             if pair is not None:
@@ -159,18 +165,20 @@ class Relay:
         d.in_flight.add(self.tracked.req_id)
         self.tracked.state = State.SCHEDULED
 
-    async def _call_p(self) -> PReply:
+    async def _call_p(self, body: bytes, recompute: bool = False) -> PReply:
         p, d = self.tracked.p, self.tracked.d
         assert p is not None and d is not None
         headers = {k: v for k in _FORWARDED if (v := self.request.headers.get(k)) is not None}
         headers.update({"req-id": self.tracked.req_id, "req-type": "prefill", "d-target": d.spec.d_target,
                         "d-port": str(d.spec.port)})
+        if recompute:
+            headers["is-recompute"] = "true"
         url = f"{p.business_url}{self.request.url.path}"
         timeout = httpx.Timeout(None, connect=self.cfg.http_timeout_s or None)  # the reply: first-token deadline
         self.tracked.state = State.REPEATED
         for attempt in range(P_CONNECT_ATTEMPTS):
             try:
-                reply = await self.coord.client.post(url, content=self.body, headers=headers, timeout=timeout)
+                reply = await self.coord.client.post(url, content=body, headers=headers, timeout=timeout)
                 break
             except httpx.ConnectError as exc:
                 log.warning("cannot reach %s (attempt %d): %s", p.spec.name, attempt + 1, exc)
@@ -206,10 +214,44 @@ class Relay:
         except TimeoutError:
             raise Failure(408, "Request inference timeout", stop=True) from None
 
+    async def _recompute(self, body: bytes) -> PReply:
+        """D preempted the request and sent it back rebuilt (pd-disaggregation.md A.6): the same
+        req-id goes to a pair scheduled afresh, P told `is-recompute: true`. A P that refuses it
+        (say, the req-id still held there) gets it again a second later, up to max_retry times."""
+        self.tracked.state = State.RETRY
+        for inst in (self.tracked.p, self.tracked.d):
+            if inst is not None:
+                inst.in_flight.discard(self.tracked.req_id)
+        self.coord.notify()
+        log.info("request %s was sent back by %s for recompute", self.tracked.req_id,
+                 self.tracked.d.spec.name if self.tracked.d else "D")
+        await self._schedule(since=time.monotonic())
+        deadline = self._deadline(self.cfg.infer_timeout_s)
+        refusals = 0
+        while True:
+            try:
+                reply = await asyncio.wait_for(self._call_p(body, recompute=True), self._remaining(deadline))
+                break
+            except TimeoutError:
+                raise Failure(408, "Request inference timeout", stop=True) from None
+            except _Forward as refused:
+                refusals += 1
+                if refusals > self.cfg.max_retry:
+                    raise Failure(500, f"P instance refused the recompute: {refused.text}") from None
+                await asyncio.sleep(RECOMPUTE_RETRY_S)
+        self.tracked.state = State.FIRST_TOKEN_FINISH
+        return reply
+
     async def _whole(self) -> Response:
         """A non-stream request: D's one `lastData` record is the whole body."""
         while True:
             record = await self._next_record()
+            if record.kind is RecordKind.RETRY:
+                reply = await self._recompute(record.body)
+                if reply.is_last:
+                    self.tracked.state = State.FINISH
+                    return Response(reply.output.encode(), media_type=JSON)
+                continue
             if record.kind is RecordKind.LAST_DATA:
                 self.tracked.state = State.FINISH
                 return Response(record.body, media_type=JSON)
@@ -221,41 +263,46 @@ class Relay:
 
     async def _events(self, reply: PReply) -> AsyncIterator[bytes]:
         """The stream: P's output, then D's records in the order D sent them (those that arrived
-        before P's reply waited in the request's queue)."""
-        if reply.output:
-            yield reply.output.encode()
-        if reply.is_last:
-            self.tracked.state = State.FINISH
-            return
+        before P's reply waited in the request's queue); after a recompute, the new P's output
+        (only the events after those already sent) and then its D's records."""
         while True:
-            try:
-                record = await self._next_record()
-            except Failure as exc:
-                self.tracked.state = State.TIMEOUT
-                self.coord.stop_infer(self.tracked)
-                yield self.family.error_event(APIError(exc.status, exc.message))
+            if reply.output:
+                yield reply.output.encode()
+            if reply.is_last:
+                self.tracked.state = State.FINISH
                 return
-            if record.kind in (RecordKind.DATA, RecordKind.LAST_DATA):
+            while True:
+                try:
+                    record = await self._next_record()
+                    if record.kind is RecordKind.RETRY:
+                        reply = await self._recompute(record.body)
+                        break
+                except Failure as exc:
+                    self.tracked.state = State.TIMEOUT if exc.status == 408 else State.EXCEPTION
+                    if exc.stop:
+                        self.coord.stop_infer(self.tracked)
+                    yield self.family.error_event(APIError(exc.status, exc.message))
+                    return
+                if record.kind not in (RecordKind.DATA, RecordKind.LAST_DATA):
+                    self.tracked.state = State.EXCEPTION
+                    yield self.family.error_event(APIError(500, _terminal_text(record)))
+                    return
                 yield record.body
                 if record.kind is RecordKind.LAST_DATA:
                     self.tracked.state = State.FINISH
                     return
-                continue
-            self.tracked.state = State.EXCEPTION
-            yield self.family.error_event(APIError(500, _terminal_text(record)))
-            return
 
 
 def _terminal_text(record: Record) -> str:
-    if record.kind is RecordKind.RETRY:
-        # D preempted the request and sent it back for recompute (issue 12): not handled yet.
-        return "D instance preempted the request for recompute, which this coordinator does not support yet"
     return record.body.decode("utf-8", "replace")
 
 
 class _Forward(Exception):
+    """P answered with its own error: passed on to the client unchanged."""
+
     def __init__(self, response: Response) -> None:
         self.response = response
+        self.text = bytes(response.body).decode("utf-8", "replace")[:300]
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -25,6 +25,7 @@ class State(Enum):
     SCHEDULED = "scheduled"
     REPEATED = "repeated"  # sent to P
     FIRST_TOKEN_FINISH = "first_token_finish"  # P answered
+    RETRY = "retry"  # D sent it back for recompute: on its way to a prefill node again
     FINISH = "finish"
     EXCEPTION = "exception"
     TIMEOUT = "timeout"

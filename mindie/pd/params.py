@@ -27,7 +27,7 @@ class DecodeParams:
     body: str  # the request body P got, unchanged
     is_stream: bool
     tokens: list[int]  # prompt ids
-    first_token: list[int]
+    first_token: list[int]  # every output so far: P's first token, after a recompute the earlier ones too
     first_items: list[StreamItem]  # P's outputs, in order, as its renderer saw them
     seed: int
     cumulative_logprob: float
@@ -37,10 +37,15 @@ class DecodeParams:
     p_node_addr: str  # "ip:port" of P's interCommPort, for /pd/v1/release
     metrics: dict[str, Any]
 
+    @property
+    def kv_tokens(self) -> list[int]:
+        """The tokens whose KV P sends: all but the last emitted (a recompute's outputs too)."""
+        return self.tokens + self.first_token[:-1]
+
     def to_json(self) -> dict[str, Any]:
         return {"reqId": self.req_id, "msgType": self.msg_type, "path": self.path, "body": self.body,
                 "isStream": self.is_stream, "tokens": self.tokens, "firstToken": self.first_token,
-                "firstItems": [_item_json(i) for i in self.first_items], "seed": self.seed,
+                "firstItems": [item_json(i) for i in self.first_items], "seed": self.seed,
                 "cumulativeLogprob": self.cumulative_logprob, "rendererState": self.renderer_state,
                 "blockTable": self.kv.block_ids, "kvAddr": self.kv.addr, "layout": dataclasses.asdict(self.layout),
                 "pNodeAddr": self.p_node_addr, "metrics": self.metrics}
@@ -65,7 +70,7 @@ class DecodeParams:
 
         req_id = get("reqId", str)
         try:
-            items = [_item_from_json(i) for i in get("firstItems", list)]
+            items = [item_from_json(i) for i in get("firstItems", list)]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"firstItems: {exc}") from None
         if not items:
@@ -91,7 +96,7 @@ def _lp_from_json(raw: Any) -> TokenLogprob | None:
     return TokenLogprob(int(token), float(logprob), [(int(t), float(p)) for t, p in top])
 
 
-def _item_json(item: StreamItem) -> dict[str, Any]:
+def item_json(item: StreamItem) -> dict[str, Any]:
     out = item.output
     fields = dataclasses.asdict(out)
     fields["new_logprobs"] = [_lp_json(lp) for lp in out.new_logprobs]
@@ -101,7 +106,7 @@ def _item_json(item: StreamItem) -> dict[str, Any]:
     return {"output": fields, "prefill_ms": item.prefill_ms, "decode_ms": item.decode_ms}
 
 
-def _item_from_json(raw: Any) -> StreamItem:
+def item_from_json(raw: Any) -> StreamItem:
     fields = dict(raw["output"])
     known = {f.name for f in dataclasses.fields(RequestOutput)}
     if set(fields) != known:

@@ -7,7 +7,9 @@ OpenAI's `created`, carried from P). It answers P at once; then it reserves bloc
 kv_trans_timeout for running requests to free enough), pulls the KV (deadline kv_trans_timeout),
 always tells P to release the blocks, and either reports `error:Pull kv failed ...` or resumes the
 request and sends each later event as a `data:` record (the last one `lastData:`), or a non-stream
-request's whole body as one `lastData:` record.
+request's whole body as one `lastData:` record. A request the engine preempts is not recomputed
+here: it goes back to the coordinator as a `retry:` record holding the request rebuilt for a
+prefill node (mindie/pd/recompute.py), after its req-id is free here again.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mindie.engine.commands import DropReserved
+from mindie.engine.request import Continuation, FinishReason
 from mindie.pd.http import PeerError, post_json
 from mindie.pd.params import DecodeParams
+from mindie.pd.recompute import retry_body
 from mindie.pd.records import RecordKind, encode
 from mindie.pd.transport import PullStatus
 from mindie.server.dmi import PDNode
@@ -33,7 +37,7 @@ from mindie.server.errors import APIError
 from mindie.server.fields import describe
 from mindie.server.protocols.base import Call, Renderer, dumps
 from mindie.server.responses import json_response
-from mindie.server.results import Result
+from mindie.server.results import Result, StreamItem
 from mindie.server.streams import GenerationTimeout, OutputStream
 
 if TYPE_CHECKING:
@@ -96,7 +100,7 @@ async def _reserve(ctx: Serving, node: PDNode, params: DecodeParams) -> list[int
     None after kv_trans_timeout without them, or once stopped."""
     deadline = time.monotonic() + ctx.settings.kv_trans_timeout_s
     while params.req_id not in node.stopped:
-        blocks = await ctx.engine.reserve_kv(params.req_id, params.tokens, len(params.tokens))
+        blocks = await ctx.engine.reserve_kv(params.req_id, params.kv_tokens, len(params.kv_tokens))
         if blocks is not None:
             return blocks
         if time.monotonic() >= deadline:
@@ -115,16 +119,12 @@ async def _rebuild(ctx: Serving, node: PDNode, params: DecodeParams
     call, renderer = await route.parse(ctx, params.body.encode(), path_params)
     if len(call.requests) != 1 or call.requests[0].params.num_samples != 1:
         raise APIError(400, "only a single-sample request can be decoded from a prefill node")
-    request = dataclasses.replace(call.requests[0], request_id=params.req_id, prompt_token_ids=params.tokens,
-                                  arrival_time=time.monotonic())
-    renderer.restore(params.renderer_state)
+    request = dataclasses.replace(
+        call.requests[0], request_id=params.req_id, prompt_token_ids=params.tokens, arrival_time=time.monotonic(),
+        continuation=Continuation(params.first_token, params.seed, params.cumulative_logprob),
+        recompute_elsewhere=True, preempt_at=node.forced_preemption(len(params.first_token)))
     results = [Result.empty(params.req_id, request.params)]
-    if call.stream:
-        renderer.begin(results)
-    for item in params.first_items:
-        results[0].add(item)
-        if call.stream:
-            renderer.event(0, item, results)
+    renderer.replay(params.renderer_state, results, params.first_items, call.stream)
     return request, call, renderer, results
 
 
@@ -132,6 +132,7 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
                renderer: Renderer, results: list[Result]) -> None:
     req_id = params.req_id
     resumed = False
+    retry: list[StreamItem] | None = None
     try:
         blocks = await _reserve(ctx, node, params)
         if blocks is None:
@@ -154,11 +155,10 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
         if req_id in node.stopped:
             return  # stopped while its KV was on its way: nothing more to say
         first = params.first_items[0].output
-        outputs = await ctx.engine.resume_request(request, params.first_token, params.seed, params.cumulative_logprob,
-                                                  first.num_cached_prompt_tokens)
+        outputs = await ctx.engine.resume_request(request, first.num_cached_prompt_tokens)
         resumed = True
         stream = OutputStream(ctx, request, call, outputs, continued=True)
-        await _emit(node, req_id, call, renderer, results, stream)
+        retry = await _emit(node, params, call, renderer, results, stream)
     except Exception as exc:  # the request is lost; say so on its stream rather than going silent
         log.exception("request %s failed on the decode node", req_id)
         node.dispatcher.push(encode(req_id, RecordKind.ERROR, f"Failed to decode: {type(exc).__name__}"))
@@ -168,6 +168,10 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
         if not resumed:
             ctx.engine.submit(DropReserved(req_id))
             ctx.forget(req_id)
+    if retry is not None:  # only now: the req-id is free here again when the recompute comes back
+        log.info("request %s was preempted: sent back for recompute", req_id)
+        body = retry_body(params.msg_type, params.body, params.tokens, retry, renderer.carried())
+        node.dispatcher.push(encode(req_id, RecordKind.RETRY, body))
 
 
 async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
@@ -181,12 +185,21 @@ async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
         log.warning("request %s: release to %s failed: %s", params.req_id, params.p_node_addr, exc)
 
 
-async def _emit(node: PDNode, req_id: str, call: Call, renderer: Renderer, results: list[Result],
-                stream: OutputStream) -> None:
-    """Each event as a record, holding one back so that the last goes out as lastData:."""
+async def _emit(node: PDNode, params: DecodeParams, call: Call, renderer: Renderer, results: list[Result],
+                stream: OutputStream) -> list[StreamItem] | None:
+    """Each event as a record, holding one back so that the last goes out as lastData:. A request
+    the engine preempted (FinishReason.RECOMPUTE) ends with every output it emitted, P's first ones
+    included, returned for a retry: record."""
+    req_id = params.req_id
+    emitted = list(params.first_items)
     held: bytes | None = None
     try:
         async for item in stream:
+            if item.output.finish_reason is FinishReason.RECOMPUTE:
+                if held is not None:
+                    node.dispatcher.push(encode(req_id, RecordKind.DATA, held))
+                return emitted
+            emitted.append(item)
             results[0].add(item)
             if not call.stream:
                 continue
@@ -201,11 +214,12 @@ async def _emit(node: PDNode, req_id: str, call: Call, renderer: Renderer, resul
         if held is not None:
             node.dispatcher.push(encode(req_id, RecordKind.DATA, held))
         node.dispatcher.push(encode(req_id, RecordKind.ERROR, str(exc)))
-        return
+        return None
     finally:
         await stream.aclose()
     last = dumps(renderer.whole(results)).encode() if not call.stream else held or b""
     node.dispatcher.push(encode(req_id, RecordKind.LAST_DATA, last))
+    return None
 
 
 async def dresult(ctx: Serving, request: Request) -> Response:

@@ -15,6 +15,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -47,6 +48,33 @@ class PDHeaders:
     req_id: str
     d_host: str
     d_port: int  # D's interCommPort: from d-target, else the same as this instance's
+    recompute: bool  # is-recompute: the body is one a decode node sent back (mindie/pd/recompute.py)
+
+
+PREEMPT_ENV = "MINDIE_PD_PREEMPT_AT"
+
+
+@dataclass(frozen=True)
+class ForcedPreemption:
+    """A test hook, from a decode node's environment: MINDIE_PD_PREEMPT_AT="K" preempts every
+    request handed to it once it has K outputs, "K/E" every E-th one; recomputes (which arrive
+    with more than K) never. Off when unset."""
+
+    at: int
+    every: int = 1
+
+    @classmethod
+    def from_env(cls, value: str | None) -> ForcedPreemption | None:
+        if not value:
+            return None
+        at, _, every = value.partition("/")
+        try:
+            hook = cls(int(at), int(every or 1))
+        except ValueError:
+            raise ValueError(f"{PREEMPT_ENV} must be K or K/E with integers K >= 1, E >= 1, got {value!r}") from None
+        if hook.at < 1 or hook.every < 1:
+            raise ValueError(f"{PREEMPT_ENV} must be K or K/E with integers K >= 1, E >= 1, got {value!r}")
+        return hook
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,8 @@ class PDNode:
         self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
         self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
         self.early_stops: dict[str, float] = {}  # D: req-id -> until when a stop that came before P's call holds
+        self.preemption = ForcedPreemption.from_env(os.environ.get(PREEMPT_ENV))
+        self.handed_over = 0  # D: requests handed to it so far, for the test hook's every E-th
         inner = engine.engine
         caches = inner.runner.kv_caches
         k0 = caches[0][0]
@@ -173,6 +203,14 @@ class PDNode:
             if len(self.early_stops) < MAX_EARLY_STOPS:
                 self.early_stops[req_id] = now + 2 * self.settings.kv_trans_timeout_s
 
+    def forced_preemption(self, num_outputs: int) -> int | None:
+        """The test hook's `preempt_at` for the next request handed over with `num_outputs`."""
+        self.handed_over += 1
+        hook = self.preemption
+        if hook is None or num_outputs >= hook.at or self.handed_over % hook.every:
+            return None
+        return hook.at
+
     def stopped_early(self, req_id: str) -> bool:
         return self.early_stops.pop(req_id, 0.0) > time.monotonic()
 
@@ -209,12 +247,7 @@ def parse_headers(request: Request, own_port: int) -> PDHeaders:
     if recompute not in (None, "true", "false"):
         raise APIError(400, "Parameter is-recompute is an optional parameter, its value must be true or false",
                        "is-recompute")
-    if recompute == "true":
-        # Our D recomputes a preempted request itself and never sends retry:, so a recompute
-        # request (its input the "N,p...,o..." id list) can only come from elsewhere.
-        raise APIError(400, "is-recompute: true is not supported by this server: its decode nodes never ask for "
-                            "a recompute", "is-recompute")
-    return PDHeaders(req_id, host, d_port or own_port)
+    return PDHeaders(req_id, host, d_port or own_port, recompute == "true")
 
 
 def _role_body(body: bytes, v2: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -11,6 +11,12 @@ request `{"reqId", "isStream": false}`.
 
 A call P cannot hand off as one sequence (several prompts, n or best_of > 1, beam search) runs to
 its end on P and is answered whole, as one that ended at its first token.
+
+With `is-recompute: true` the body is one a decode node sent back after preempting the request
+(mindie/pd/recompute.py): P parses the client's original body, takes the prompt and output ids the
+decode node held, brings its renderer to where that node's stood, computes the KV of all of them
+and samples one more token; its reply carries only that token's events (the client has the rest),
+and D is told every output so far.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mindie.engine.request import Continuation
 from mindie.pd.http import PeerError, post_json
 from mindie.pd.params import DecodeParams
+from mindie.pd.recompute import Recompute, RecomputeError, read_retry
 from mindie.server.dmi import parse_headers
 from mindie.server.errors import APIError
 from mindie.server.protocols.base import Call, Renderer, dumps
@@ -58,16 +66,28 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     if headers.req_id in node.leases:
         raise APIError(400, f"req-id {headers.req_id} is already in use: its KV is still held for a decode node",
                        "req-id")
+    route = node.find_route(request.url.path)
+    template = route[0].template if route else request.url.path
+    recompute = _read_recompute(template, body) if headers.recompute else None
+    if recompute is not None:
+        body = recompute.body
     call, renderer = await parse(ctx, body, request.path_params)
     try:
         text = body.decode()  # D gets the body as a JSON string
     except UnicodeDecodeError:
         raise APIError(422, "the request body must be UTF-8 on a prefill node") from None
-    if _can_hand_off(call):
+    replayed: list[Result] = []
+    before: list[StreamItem] = []  # outputs emitted before a recompute, rendered already
+    if recompute is not None:
+        call = _continue(call, recompute)
+        replayed = [Result.empty(headers.req_id, call.requests[0].params)]
+        renderer.replay(recompute.renderer_state, replayed, recompute.items, call.stream)
+        before = recompute.items
+    elif _can_hand_off(call):
         call = dataclasses.replace(call, requests=[dataclasses.replace(call.requests[0], handoff=True)])
     started = time.time()
     streams = await ctx.start(call, request_id=headers.req_id)
-    results = [Result.empty(s.request_id, s.request.params) for s in streams]
+    results = replayed or [Result.empty(s.request_id, s.request.params) for s in streams]
     items: list[tuple[int, StreamItem]] = []
     try:
         async for k, item in merge(streams):
@@ -76,25 +96,26 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     finally:
         for s in streams:
             await s.aclose()
+    begin = recompute is None  # a recompute's stream began long ago
     export = items[-1][1].output.kv
     if export is None:
-        return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items), last=True)
+        return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items, begin), last=True)
     # The request goes on at D: to its renderers (here and there) this output is not its last.
     k, last = items[-1]
     items[-1] = (k, dataclasses.replace(last, output=dataclasses.replace(last.output, request_done=False, kv=None)))
-    output = _events(renderer, results, items) if call.stream else None
+    output = _events(renderer, results, items, begin) if call.stream else None
     handle = node.transport.publish(headers.req_id, export.block_ids)
     node.hold(headers.req_id, export.lease_id)
-    item = items[0][1]
-    route = node.find_route(request.url.path)
+    first_items = before + [i for _, i in items]
+    item = items[-1][1]
     params = DecodeParams(
-        req_id=headers.req_id, msg_type=route[0].template if route else request.url.path, path=request.url.path,
+        req_id=headers.req_id, msg_type=template, path=request.url.path,
         body=text, is_stream=call.stream, tokens=call.requests[0].prompt_token_ids,
-        first_token=item.output.new_token_ids, first_items=[i for _, i in items], seed=item.output.seed,
-        cumulative_logprob=item.output.cumulative_logprob, renderer_state=renderer.carried(),
-        kv=handle, layout=node.layout,
+        first_token=[t for i in first_items for t in i.output.new_token_ids], first_items=first_items,
+        seed=item.output.seed, cumulative_logprob=item.output.cumulative_logprob,
+        renderer_state=renderer.carried(), kv=handle, layout=node.layout,
         p_node_addr=f"{ctx.settings.host}:{ctx.settings.inter_comm_port}",
-        metrics={"firstTokenCost": item.prefill_ms, "e2eStartTime": started})
+        metrics={"firstTokenCost": items[0][1].prefill_ms, "e2eStartTime": started})
     try:
         status, reply = await post_json(headers.d_host, headers.d_port, "/pd/v1/decode", params.to_json(),
                                         node.token, ctx.settings.kv_trans_timeout_s, ctx.settings.host)
@@ -113,16 +134,37 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     return _envelope(headers.req_id, call.stream, output, last=False)
 
 
-def _events(renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
-    chunks = list(renderer.begin(results))
+def _read_recompute(template: str, body: bytes) -> Recompute:
+    try:
+        return read_retry(template, body)
+    except RecomputeError as exc:
+        raise APIError(400, f"is-recompute: {exc}", "is-recompute") from None
+
+
+def _continue(call: Call, recompute: Recompute) -> Call:
+    """The call's one request, going on after the outputs a decode node sent back: its prompt the
+    ids the decode node held (not the body tokenized again), handed off again after one token."""
+    if not _can_hand_off(call):
+        raise APIError(400, "is-recompute: only a single-sample request can be recomputed", "is-recompute")
+    if not recompute.items:
+        raise APIError(400, "is-recompute: the request has no outputs to continue after", "is-recompute")
+    last = recompute.items[-1].output
+    request = dataclasses.replace(call.requests[0], prompt_token_ids=recompute.prompt, handoff=True,
+                                  continuation=Continuation(recompute.outputs, last.seed, last.cumulative_logprob))
+    return dataclasses.replace(call, requests=[request])
+
+
+def _events(renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]], begin: bool) -> str:
+    chunks = list(renderer.begin(results)) if begin else []
     for k, item in items:
         chunks += renderer.event(k, item, results)
     return b"".join(chunks).decode()
 
 
-def _whole(call: Call, renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]]) -> str:
+def _whole(call: Call, renderer: Renderer, results: list[Result], items: list[tuple[int, StreamItem]],
+           begin: bool) -> str:
     if call.stream:
-        return _events(renderer, results, items) + b"".join(renderer.end(results)).decode()
+        return _events(renderer, results, items, begin) + b"".join(renderer.end(results)).decode()
     return dumps(renderer.whole(results))
 
 

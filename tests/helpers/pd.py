@@ -64,14 +64,17 @@ class DResultReader:
         except (httpx.HTTPError, RuntimeError):
             pass
 
-    def until(self, req_id: str, timeout: float = 30) -> list[Record]:
-        """The records of req_id up to its lastData or error."""
-        def done() -> bool:
-            return any(r.req_id == req_id and r.kind in (RecordKind.LAST_DATA, RecordKind.ERROR)
-                       for r in self.records)
+    def until(self, req_id: str, timeout: float = 30, skip: int = 0) -> list[Record]:
+        """The records of req_id, past the first `skip` of them, up to its lastData, error or retry."""
+        ends = (RecordKind.LAST_DATA, RecordKind.ERROR, RecordKind.RETRY)
+
+        def mine() -> list[Record]:
+            return [r for r in self.records if r.req_id == req_id][skip:]
+
         with self._cond:
-            assert self._cond.wait_for(done, timeout), f"no end for {req_id}: {self.records[-5:]}"
-            return [r for r in self.records if r.req_id == req_id]
+            assert self._cond.wait_for(lambda: any(r.kind in ends for r in mine()), timeout), \
+                f"no end for {req_id}: {self.records[-5:]}"
+            return mine()
 
     def close(self) -> None:
         self._response.close()

@@ -98,6 +98,7 @@ def test_dresult_needs_dmi(single):
     ({"d-target": "::1"}, 400, "Parameter d-target must be an IPv4 address"),
     ({"d-target": "127.0.0.1;70000"}, 400, "Parameter d-target must be an IPv4 address"),
     ({"is-recompute": "yes"}, 400, "Parameter is-recompute is an optional parameter"),
+    ({"is-recompute": "true"}, 400, "is-recompute: a recompute body needs the mindieContinuation field"),
     ({"d-target": "10.0.0.9"}, 400, "not a decode peer"),
 ])
 def test_p_header_errors_name_the_header(pd_pair, headers, status, needle):

@@ -71,6 +71,18 @@ class Renderer(ABC):
         """An error after the stream started, as one last event."""
         return sse(err.body(self.style))
 
+    def replay(self, carried: dict[str, Any], results: list[Result], items: list[StreamItem], stream: bool) -> None:
+        """Brings this renderer, and `results`, to where another renderer stood after `items` of
+        the call's one request (PD: a decode node going on from P's first token, P going on from
+        what a decode node sent back); the bytes are dropped, they went out there."""
+        self.restore(carried)
+        if stream:
+            self.begin(results)
+        for item in items:
+            results[0].add(item)
+            if stream:
+                self.event(0, item, results)
+
     def carried(self) -> dict[str, Any]:
         """Fields this renderer makes up itself (not from the request or the results) that a PD
         decode node must reuse to continue the same response: an OpenAI `created`."""
