@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import httpx
 
@@ -89,3 +90,15 @@ def pd_headers(req_id: str, d: RunningServer) -> dict[str, str]:
 def envelope(response: httpx.Response) -> dict:
     assert response.status_code == 200, response.text
     return json.loads(response.text)
+
+
+def close(a: Any, b: Any, tol: float) -> bool:
+    """Equal, but for floats within `tol`: a recompute computes the KV of tokens that decode steps
+    made as prompt rows, which round differently, so a logprob may differ in its last digits."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= tol
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
+    return a == b

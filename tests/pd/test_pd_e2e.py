@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from helpers.pd import DResultReader, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
+from helpers.pd import DResultReader, close, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
 from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind
@@ -60,18 +60,6 @@ def normalize(obj):
     if isinstance(obj, list):
         return [normalize(v) for v in obj]
     return obj
-
-
-def close(a, b, tol: float) -> bool:
-    """Equal, but for floats within `tol`: a recompute computes the KV of tokens a decode step made
-    as prompt rows, which round differently, so a logprob may differ in its last digits."""
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= tol
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(close(a[k], b[k], tol) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
-    return a == b
 
 
 def same(got: bytes, expected: bytes, path: str, stream: bool, pair: str) -> bool:
