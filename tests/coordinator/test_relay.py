@@ -194,12 +194,66 @@ def test_error_record_fails_a_whole_request_with_500() -> None:
     run(scenario())
 
 
-def test_retry_record_is_answered_with_an_error() -> None:
+def _recomputing(refusals: int = 0):  # type: ignore[no-untyped-def]
+    """P's side of a request its D sends back once: the first call hands off ("A", then D's "B"
+    and retry:); the recompute (is-recompute: true, the retry body) answers "C" and its D "D", "E".
+    The recompute is refused `refusals` times first (say, the req-id still held on P)."""
+    left = [refusals]
+
+    async def script(p: FakeInstance, request: Request, body: bytes) -> Response:
+        rid, d, path = request.headers["req-id"], p.decode_of(request), request.url.path
+        stream = is_stream(path, body)
+        if request.headers.get("is-recompute") != "true":
+            if stream:
+                d.emit(rid, RecordKind.DATA, event("B", path))
+            d.emit(rid, RecordKind.RETRY, json.dumps({"inputs": "1,5,7", "stream": stream}))
+            first = {"isLastResp": False, "output": event("A", path).decode()} if stream else {}
+            return JSONResponse({"reqId": rid, "isStream": stream, **first})
+        assert json.loads(body)["inputs"] == "1,5,7"
+        if left[0]:
+            left[0] -= 1
+            return JSONResponse({"error": "req-id in use", "error_type": "Input Validation Error"}, status_code=400)
+        if stream:
+            d.emit(rid, RecordKind.DATA, event("D", path))
+            d.emit(rid, RecordKind.LAST_DATA, event("E", path))
+            return JSONResponse({"reqId": rid, "isStream": True, "isLastResp": False,
+                                 "output": event("C", path).decode()})
+        d.emit(rid, RecordKind.LAST_DATA, json.dumps({"whole": "ABCDE"}))
+        return JSONResponse({"reqId": rid, "isStream": False})
+
+    return script
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_d_sends_back_goes_to_a_fresh_pair_with_is_recompute(stream: bool) -> None:
     async def scenario() -> None:
-        async with cluster() as c:
-            c.prefills[0].script = _failing_d(RecordKind.RETRY, '{"inputs": "2,1,2,5"}')
-            reply = await c.client.post(c.url + "/infer", json={"inputs": "x"})
-            assert reply.status_code == 500 and "recompute" in reply.json()["error"]
+        async with cluster(n_p=2, algorithm="round_robin") as c:
+            for p in c.prefills:
+                p.script = _recomputing()
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x", "stream": stream})
+            assert reply.status_code == 200
+            assert reply.content == (b"".join(event(x) for x in "ABCDE") if stream else b'{"whole": "ABCDE"}')
+            (_, first, _), = c.prefills[0].requests
+            (_, again, body), = c.prefills[1].requests  # scheduled afresh: round robin's next P
+            assert again["req-id"] == first["req-id"] and again["is-recompute"] == "true"
+            assert "is-recompute" not in first and json.loads(body)["inputs"] == "1,5,7"
+            await until(lambda: len(c.coord.table) == 0)
+            assert not any(i.in_flight for i in c.coord.registry.instances.values())
+
+    run(scenario())
+
+
+def test_a_refused_recompute_is_sent_again_after_a_second_then_given_up() -> None:
+    async def scenario() -> None:
+        async with cluster() as c:  # max_retry=2
+            c.prefills[0].script = _recomputing(refusals=2)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x", "stream": True}, timeout=10)
+            assert reply.content == b"".join(event(x) for x in "ABCDE")
+            c.prefills[0].script = _recomputing(refusals=3)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x", "stream": True}, timeout=10)
+            head, _, last = reply.content.rpartition(b"\n\ndata: ")
+            assert head + b"\n\n" == event("A") + event("B")
+            assert json.loads(last)["error"].startswith("P instance refused the recompute: ")
 
     run(scenario())
 
