@@ -6,6 +6,11 @@ A stream that fails, ends, or is superseded (`close:`, another GET took it over)
 exponential backoff; after `max_retry` consecutive failures D is marked faulty and its requests in
 flight end with an error at once (MindIE leaves them to `infer_timeout`). Re-linking goes on at the
 slowest backoff, and D comes back into the schedule when a link succeeds.
+
+However the re-linking goes, the requests on D end with an error once the link has been down for
+2 x D's kv_trans_timeout (a D that hangs rather than dies answers nothing, so every re-link waits
+out its own timeout); and a re-link that finds another D process (its epoch header differs: it
+restarted) ends them at once, since that process never heard of them.
 """
 
 from __future__ import annotations
@@ -17,13 +22,14 @@ import httpx
 
 from mindie.coordinator.instances import Instance, Registry
 from mindie.coordinator.requests import RequestTable
-from mindie.pd.records import RecordDecoder, RecordError, RecordKind
+from mindie.pd.records import EPOCH_HEADER, KV_TIMEOUT_HEADER, RecordDecoder, RecordError, RecordKind
 
 log = logging.getLogger("mindie.coordinator")
 
 SILENCE_LIMIT_S = 15.0  # three missed 5 s heartbeats
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
+DEFAULT_KV_TIMEOUT_S = 10.0  # an instance's kv_trans_timeout when its /dresult does not say
 
 
 class _LinkLost(Exception):
@@ -40,12 +46,17 @@ class DResultLink:
         self.silence_limit_s = silence_limit_s
         self.failures = 0
         self.links = 0  # streams opened so far (a re-link counts)
+        self.epoch: str | None = None  # the D process the last link reached
+        self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
+        self._grace: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -66,8 +77,7 @@ class DResultLink:
         async with self.registry.client.stream("GET", url, timeout=timeout) as reply:
             if reply.status_code != 200:
                 raise _LinkLost(f"GET /dresult answered {reply.status_code}: {(await reply.aread())[:200]!r}")
-            self.links += 1
-            self.failures = 0
+            self._linked(reply.headers)
             if not self.d.linked or self.d.faulty:
                 self.d.linked, self.d.faulty = True, False
                 log.info("linked to %s's /dresult", self.d.spec.name)
@@ -82,6 +92,30 @@ class DResultLink:
                                   record.req_id)
             raise _LinkLost("the stream ended")
 
+    def _linked(self, headers: httpx.Headers) -> None:
+        self.links += 1
+        self.failures = 0
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+        epoch = headers.get(EPOCH_HEADER)
+        if self.epoch is not None and epoch != self.epoch:
+            log.warning("%s is another process than before (it restarted): its requests in flight are lost",
+                        self.d.spec.name)
+            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} restarted; "
+                                           "the request was lost")
+        self.epoch = epoch
+        try:
+            self.grace_s = 2 * float(headers.get(KV_TIMEOUT_HEADER, DEFAULT_KV_TIMEOUT_S))
+        except ValueError:
+            self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if not self.d.linked:
+            log.error("%s's /dresult has been down for %g s: failing its requests", self.d.spec.name, self.grace_s)
+            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} is unreachable")
+
     def _lost(self, reason: str) -> None:
         self.failures += 1
         if self.d.linked:
@@ -89,6 +123,8 @@ class DResultLink:
             self.registry.changed()
         log.warning("/dresult of %s lost (%s), attempt %d of %d to re-link", self.d.spec.name, reason,
                     self.failures, self.max_retry)
+        if self._grace is None:
+            self._grace = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over)
         if self.failures > self.max_retry and not self.d.faulty:
             self.d.faulty = True
             log.error("%s is faulty: /dresult could not be re-linked %d times", self.d.spec.name, self.max_retry)

@@ -115,13 +115,17 @@ class Registry:
         self._tasks.clear()
 
     async def _serve(self, inst: Instance, on_decode_ready: Callable[[Instance], None]) -> None:
-        if not await self._assign_role(inst):
-            return
-        if inst.role is Role.DECODE:
-            on_decode_ready(inst)
         while True:
-            await self.poll(inst)
-            await asyncio.sleep(STATUS_POLL_S)
+            if not await self._assign_role(inst):
+                return
+            if inst.role is Role.DECODE:
+                on_decode_ready(inst)
+            while await self.poll(inst):
+                await asyncio.sleep(STATUS_POLL_S)
+            # it answers without a role: a restarted process, out of service until it has one again
+            log.warning("%s has no role any more (restarted?): assigning it again", inst.spec.name)
+            inst.role_assigned = False
+            self.changed()
 
     async def _assign_role(self, inst: Instance) -> bool:
         role = inst.role
@@ -150,12 +154,16 @@ class Registry:
             await asyncio.sleep(delay)
             delay = min(delay * 2, ROLE_RETRY_MAX_S)
 
-    async def poll(self, inst: Instance) -> None:
-        """Free slots and blocks from `/v1/status` (the figures load_balance weighs)."""
+    async def poll(self, inst: Instance) -> bool:
+        """Free slots and blocks from `/v1/status` (the figures load_balance weighs); False if the
+        instance answers that it holds no role."""
         was = inst.reachable
         try:
             reply = await self.client.get(f"{inst.management_url}/v1/status")
-            resource = reply.json()["resource"] if reply.status_code == 200 else None
+            status = reply.json() if reply.status_code == 200 else None
+            if status is not None and status.get("service", {}).get("roleStatus") == "RoleUnknown":
+                return False
+            resource = status["resource"] if status is not None else None
             inst.avail_slots = int(resource["availSlotsNum"]) if resource else None
             inst.avail_blocks = int(resource["availBlockNum"]) if resource else None
             inst.reachable = resource is not None
@@ -165,3 +173,4 @@ class Registry:
         if inst.reachable != was:
             log.warning("%s is %s", inst.spec.name, "reachable again" if inst.reachable else "not answering")
             self.changed()
+        return True

@@ -8,7 +8,8 @@ past `schedule_timeout` (no P/D pair has room), `first_token_timeout` (P has not
 cannot change its status any more: it becomes one last event in the family's framing. A client
 that goes away, and a first-token or inference timeout, cancel the request on P and D. A request
 D sends back for recompute (`retry:`) goes to a freshly scheduled pair under the same req-id; the
-client sees one unbroken answer.
+client sees one unbroken answer. A request whose D went away before anything reached the client
+(a non-stream one) starts over on a fresh pair; a stream ends with an error event.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Relay:
         self.request = request
         self.body = body
         self._owned = True  # whoever ends the request calls `_end` once; a stream hands it to its response
+        self.starts_over = 0
 
     def _deadline(self, seconds: float) -> float | None:
         return self.tracked.arrived + seconds if seconds > 0 else None
@@ -134,9 +136,13 @@ class Relay:
             raise ClientGone()
         return task.result()
 
-    async def _until_first_token(self) -> PReply:
-        await self._schedule()
+    async def _until_first_token(self, again: bool = False) -> PReply:
+        """Schedules the request and sends it to P. `again`: it starts over (its D went away
+        before anything reached the client), so only the inference timeout still counts."""
+        await self._schedule(since=time.monotonic() if again else None)
         ft, inf = self._deadline(self.cfg.first_token_timeout_s), self._deadline(self.cfg.infer_timeout_s)
+        if again:
+            ft = None
         first = min((d for d in (ft, inf) if d is not None), default=None)
         message = "Request first token timeout" if first == ft else "Request inference timeout"
         try:
@@ -214,15 +220,30 @@ class Relay:
         except TimeoutError:
             raise Failure(408, "Request inference timeout", stop=True) from None
 
+    def _unschedule(self) -> None:
+        for inst in (self.tracked.p, self.tracked.d):
+            if inst is not None:
+                inst.in_flight.discard(self.tracked.req_id)
+        self.coord.notify()
+
+    async def _start_over(self, why: str) -> PReply:
+        """The request's D went away before anything reached the client: it starts again on a
+        freshly scheduled pair, under a new req-id (P may still hold a KV lease under the old
+        one), at most max_retry times."""
+        self.starts_over += 1
+        if self.starts_over > self.cfg.max_retry:
+            raise Failure(500, why)
+        log.warning("request %s lost its D (%s): starting it over", self.tracked.req_id, why)
+        self._unschedule()
+        self.coord.table.rename(self.tracked)
+        return await self._until_first_token(again=True)
+
     async def _recompute(self, body: bytes) -> PReply:
         """D preempted the request and sent it back rebuilt (pd-disaggregation.md A.6): the same
         req-id goes to a pair scheduled afresh, P told `is-recompute: true`. A P that refuses it
         (say, the req-id still held there) gets it again a second later, up to max_retry times."""
         self.tracked.state = State.RETRY
-        for inst in (self.tracked.p, self.tracked.d):
-            if inst is not None:
-                inst.in_flight.discard(self.tracked.req_id)
-        self.coord.notify()
+        self._unschedule()
         log.info("request %s was sent back by %s for recompute", self.tracked.req_id,
                  self.tracked.d.spec.name if self.tracked.d else "D")
         await self._schedule(since=time.monotonic())
@@ -258,6 +279,12 @@ class Relay:
             if record.kind is RecordKind.DATA:
                 log.warning("D sent a data record for non-stream request %s; waiting for lastData",
                             self.tracked.req_id)
+                continue
+            if record.kind is RecordKind.ERROR and self.tracked.d_lost:
+                reply = await self._start_over(_terminal_text(record))
+                if reply.is_last:
+                    self.tracked.state = State.FINISH
+                    return Response(reply.output.encode(), media_type=JSON)
                 continue
             raise Failure(500, _terminal_text(record))
 

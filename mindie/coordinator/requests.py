@@ -44,6 +44,7 @@ class Tracked:
     p: Instance | None = None
     d: Instance | None = None
     records: asyncio.Queue[Record] = field(default_factory=asyncio.Queue)
+    d_lost: bool = False  # its D went away (the error record is the coordinator's own, not D's)
 
 
 class RequestTable:
@@ -99,5 +100,15 @@ class RequestTable:
     def fail_decode(self, d: Instance, text: str) -> None:
         """Ends every request on D with an error record, as if D had sent it (D is gone)."""
         for tracked in self:
-            if tracked.d is d:
+            if tracked.d is d and not tracked.d_lost:
+                tracked.d_lost = True
                 tracked.records.put_nowait(Record(RecordKind.ERROR, tracked.req_id, text.encode()))
+
+    def rename(self, tracked: Tracked) -> None:
+        """A new req-id, and a fresh record queue, for a request that starts over: what is still
+        on its way for the old id is dropped."""
+        self._by_id.pop(tracked.req_id, None)
+        tracked.req_id = self.new_id()
+        tracked.records = asyncio.Queue()
+        tracked.d_lost = False
+        self._by_id[tracked.req_id] = tracked

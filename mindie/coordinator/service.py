@@ -47,6 +47,8 @@ class Coordinator:
         await self.client.aclose()
 
     def _link(self, d: Instance) -> None:
+        if d.id in self.links:  # a D given its role again (it restarted): its link goes on re-linking
+            return
         link = DResultLink(d, self.registry, self.table, self.config.max_retry, self._silence_limit_s)
         self.links[d.id] = link
         link.start()

@@ -30,6 +30,11 @@ class RecordKind(StrEnum):
 CLOSE_REQ_ID = "0xffffffffffffffff"
 CLOSE_TEXT = "new connection is to established, close the old one."
 HEARTBEAT = b"ka:heartbeat\0"
+# Ours, on the /dresult response: the decode process's own random id (a coordinator that re-links
+# to another one knows its requests there are lost) and its kv_trans_timeout in seconds (how long
+# the coordinator lets a lost link come back before failing the requests on it).
+EPOCH_HEADER = "x-mindie-epoch"
+KV_TIMEOUT_HEADER = "x-mindie-kv-trans-timeout"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from mindie.engine.request import Continuation, FinishReason
 from mindie.pd.http import PeerError, post_json
 from mindie.pd.params import DecodeParams
 from mindie.pd.recompute import retry_body
-from mindie.pd.records import RecordKind, encode
+from mindie.pd.records import EPOCH_HEADER, KV_TIMEOUT_HEADER, RecordKind, encode
 from mindie.pd.transport import PullStatus
 from mindie.server.dmi import PDNode
 from mindie.server.errors import APIError
@@ -230,4 +230,5 @@ async def dresult(ctx: Serving, request: Request) -> Response:
     if not node.is_decode:
         raise APIError(400, f"Only the Decode node supports dresult but you send to {node.role}")
     return StreamingResponse(node.dispatcher.connect(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+                             headers={"Cache-Control": "no-cache", EPOCH_HEADER: node.epoch,
+                                      KV_TIMEOUT_HEADER: f"{ctx.settings.kv_trans_timeout_s:g}"})

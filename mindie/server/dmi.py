@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ class PDNode:
         self.peers: dict[str, str] = {}  # peer server_ip -> link state (waiting / success / failed)
         self.routes: list[GenerationRoute] = []  # set by build_apps
         self.dispatcher = DResultDispatcher(settings.dresult_heartbeat_s)
+        # Names this process on its /dresult stream: a coordinator that re-links and sees another
+        # one knows the requests it had here are gone (the instance restarted).
+        self.epoch = secrets.token_hex(8)
         self.leases: dict[str, tuple[str, asyncio.TimerHandle]] = {}  # P: req-id -> (lease id, expiry)
         self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
         self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
