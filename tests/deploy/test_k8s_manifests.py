@@ -113,6 +113,21 @@ def test_the_python_rendering_is_kustomize_s(name: str) -> None:
     assert sorted(yaml.safe_load_all(done.stdout), key=key) == sorted(render(BUILDS[name]), key=key)
 
 
+@pytest.mark.parametrize("name", [name for name in BUILDS if name != "base"])
+def test_an_overlay_changes_only_the_coordinator_s_instance_list(name: str) -> None:
+    def without_instances(resources: list[Resource]) -> list[Resource]:
+        for r in resources:
+            if r["kind"] == "ConfigMap" and "ms_coordinator.json" in r["data"]:
+                config = json.loads(r["data"]["ms_coordinator.json"])
+                assert config.pop("instances")
+                r["data"]["ms_coordinator.json"] = config
+            if r["kind"] == "StatefulSet":
+                r["spec"].pop("replicas")
+        return resources
+
+    assert without_instances(render(BUILDS[name])) == without_instances(render(BUILDS["base"]))
+
+
 def test_the_coordinator_lists_every_pod_by_its_dns_name(build: list[Resource],
                                                          coordinator_config: CoordinatorConfig) -> None:
     for role in Role:
