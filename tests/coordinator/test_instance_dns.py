@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from fakes import FakeInstance, until
+from fakes import FakeInstance, free_port, until
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -50,15 +50,9 @@ def entry(fake: FakeInstance, ip: str) -> dict[str, Any]:
     return {**fake.spec_entry, "ip": ip}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.asynccontextmanager
 async def coordinator(entries: list[dict[str, Any]]) -> AsyncIterator[tuple[Coordinator, httpx.AsyncClient]]:
-    predict, manage, external, status = (_free_port() for _ in range(4))
+    predict, manage, external, status = (free_port("127.0.0.1") for _ in range(4))
     config = CoordinatorConfig(predict_ip="127.0.0.1", predict_port=predict, manage_ip="127.0.0.1",
                                manage_port=manage, external_port=external, status_port=status, max_retry=2,
                                instances=parse_instances(entries))
@@ -143,7 +137,7 @@ def test_resolving_never_blocks_the_loop(monkeypatch: pytest.MonkeyPatch) -> Non
         started = time.monotonic()
         assert await instances.resolve_ipv4("slow.example") == []
         assert 0.3 <= time.monotonic() - started < 2
-        assert ticks >= 10  # the loop ran on while the lookup waited in a thread
+        assert ticks >= 5  # the loop ran on while the lookup waited in a thread
         ticker.cancel()
         answered.set()
 
