@@ -12,13 +12,16 @@ Each entry is `{"role": "prefill"|"decode", "ip", "port", "mgmt_port", "metrics_
 `/dresult`), `mgmt_port` the management port (`/v1/role/*`, `/v1/status`, `/v1/config`),
 `metrics_port` the Prometheus port (default `mgmt_port`), `inter_comm_port` the P<->D port put in
 `d-target` (omitted: a bare IP, P uses its default), `mgmt_ip` defaults to `ip`, `id` to the entry's
-index.
+index. `ip` and `mgmt_ip` are IP addresses or DNS names (a StatefulSet pod's stable name on
+Kubernetes): the coordinator resolves a name to an IPv4 address itself and sends instances only
+addresses (P accepts nothing else in `d-target`), see `instances.py`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,7 +38,9 @@ class Role(StrEnum):
 
 @dataclass(frozen=True)
 class _Key:
-    kind: str  # "port", "int", "num", "bool", "str", "ip", "numstr" (a number written as a string), "dict"
+    # "port", "int", "num", "bool", "str", "ip", "host" (an IP or a DNS name), "numstr" (a number written as a
+    # string), "dict"
+    kind: str
     default: Any
     lo: float | None = None
     hi: float | None = None
@@ -50,14 +55,13 @@ class _Key:
             if self.choices is not None and value not in self.choices:
                 raise ConfigError(f"{path} can only be {json.dumps(self.choices[0])} here, got {json.dumps(value)}")
             return value
-        if self.kind in ("str", "ip"):
+        if self.kind in ("str", "ip", "host"):
             if not isinstance(value, str):
                 raise ConfigError(f"{path} must be a string, got {value!r}")
-            if self.kind == "ip":
-                try:
-                    ipaddress.ip_address(value)
-                except ValueError:
-                    raise ConfigError(f"{path} must be an IP address, got {value!r}") from None
+            if self.kind == "ip" and not is_ip(value):
+                raise ConfigError(f"{path} must be an IP address, got {value!r}")
+            if self.kind == "host" and not (is_ip(value) or is_dns_name(value)):
+                raise ConfigError(f"{path} must be an IP address or a DNS name, got {value!r}")
             if self.choices is not None and value not in self.choices:
                 raise ConfigError(f"{path} must be one of {list(self.choices)}, got {value!r}")
             return value
@@ -80,6 +84,26 @@ class _Key:
         if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
             raise ConfigError(f"{path} must be{rule}, got {value!r}")
         return int(number) if self.kind in ("port", "int") else number
+
+
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def is_dns_name(value: str) -> bool:
+    """A host name as RFC 1123 has it: dot-separated labels of letters, digits and inner hyphens,
+    63 characters each, 253 in all, one trailing dot allowed. A last label of digits only is
+    refused: such a name reads as a mistyped IPv4 address (`10.0.0.300`)."""
+    labels = value.removesuffix(".").split(".")
+    return (len(value.removesuffix(".")) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit())
 
 
 def _port(default: int) -> _Key:
@@ -156,6 +180,9 @@ _INSTANCE_KEYS = {"role", "ip", "port", "mgmt_port", "metrics_port", "inter_comm
 
 @dataclass(frozen=True)
 class InstanceSpec:
+    """One `instances` entry. As loaded, `ip` and `mgmt_ip` may be DNS names; the registry's copy
+    (`Instance.spec`) carries the addresses they last resolved to."""
+
     id: int
     role: Role
     ip: str
@@ -317,13 +344,13 @@ def parse_instances(raw: Any) -> tuple[InstanceSpec, ...]:
                 raise ConfigError(f"{path}.{key} is required")
         if entry["role"] not in ("prefill", "decode"):
             raise ConfigError(f"{path}.role must be 'prefill' or 'decode', got {entry['role']!r}")
-        ip = _Key("ip", "").parse(f"{path}.ip", entry["ip"])
+        ip = _Key("host", "").parse(f"{path}.ip", entry["ip"])
         port = _port(0).parse(f"{path}.port", entry["port"])
         mgmt_port = _port(0).parse(f"{path}.mgmt_port", entry["mgmt_port"])
         specs.append(InstanceSpec(
             id=_Key("int", 0, 0, 2**63 - 1).parse(f"{path}.id", entry.get("id", i)),
             role=Role(entry["role"]), ip=ip, port=port,
-            mgmt_ip=_Key("ip", "").parse(f"{path}.mgmt_ip", entry.get("mgmt_ip", ip)),
+            mgmt_ip=_Key("host", "").parse(f"{path}.mgmt_ip", entry.get("mgmt_ip", ip)),
             mgmt_port=mgmt_port,
             metrics_port=_port(0).parse(f"{path}.metrics_port", entry.get("metrics_port", mgmt_port)),
             inter_comm_port=(_port(0).parse(f"{path}.inter_comm_port", entry["inter_comm_port"])

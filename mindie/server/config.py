@@ -175,6 +175,10 @@ _TOP: dict[str, _Key] = {
 }
 
 TOKEN_ENV = "MINDIE_INTERCOMM_TOKEN"  # overrides ServerConfig.interCommToken
+# MindIE's: a container's own address (a pod's, from the downward API) overrides ServerConfig.ipAddress
+# and managementIpAddress, so that one config.json serves every replica.
+CONTAINER_IP_ENV = "MIES_CONTAINER_IP"
+CONTAINER_MANAGEMENT_IP_ENV = "MIES_CONTAINER_MANAGEMENT_IP"
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
 
@@ -253,6 +257,10 @@ class ServerSettings:
                     f"ServerConfig.{name} is {ip}, which listens on every interface; set "
                     "ServerConfig.allowAllZeroIpListening to true to allow it"
                 )
+        if self.dmi and ipaddress.ip_address(self.host).is_unspecified:
+            raise ConfigError(f"ServerConfig.ipAddress is {self.host}, but in dmi mode it is the address P and D give "
+                              "each other (P's pNodeAddr and KV transfer address, the caller D checks): set it, or "
+                              f"the environment variable {CONTAINER_IP_ENV}, to this instance's own address")
         if self.dmi and not self.inter_comm_token:
             raise ConfigError("ServerConfig.inferMode is dmi but no inter-instance token is set: set "
                               f"ServerConfig.interCommToken or the environment variable {TOKEN_ENV}")
@@ -336,9 +344,9 @@ class ServerSettings:
             ignored += ["ModelConfig[0].kv_trans_timeout"] if "kv_trans_timeout" in model else []
         timeouts_max = top.get("EnableDynamicAdjustTimeoutConfig", False)
         return cls(
-            host=os.environ.get("MIES_CONTAINER_IP") or server.get("ipAddress", "127.0.0.1"),
+            host=os.environ.get(CONTAINER_IP_ENV) or server.get("ipAddress", "127.0.0.1"),
             port=server.get("port", 1025),
-            management_host=os.environ.get("MIES_CONTAINER_MANAGEMENT_IP")
+            management_host=os.environ.get(CONTAINER_MANAGEMENT_IP_ENV)
             or server.get("managementIpAddress", "127.0.0.2"),
             management_port=server.get("managementPort", 1026),
             metrics_port=server.get("metricsPort", 1027),

@@ -66,6 +66,13 @@ def test_instances() -> None:
     assert (d.id, d.role, d.port, d.d_target, d.metrics_port) == (1, Role.DECODE, 1025, "127.0.0.3", 1027)
 
 
+def test_instances_may_be_dns_names() -> None:
+    names = ["mindie-decode-0.mindie-decode.mindie.svc.cluster.local", "localhost", "P0", "node-7.", "a" * 63]
+    cfg = CoordinatorConfig.from_dict({"instances": [{**INSTANCES[1], "ip": name, "id": i}
+                                                     for i, name in enumerate(names)]})
+    assert [(d.ip, d.mgmt_ip, d.d_target) for d in cfg.instances] == [(n, n, n) for n in names]
+
+
 def test_default_scheduler_is_round_robin() -> None:
     cfg = CoordinatorConfig.from_dict({"digs_scheduler_config": {"scheduler_type": "default_scheduler"}})
     assert cfg.algorithm == "round_robin"
@@ -95,7 +102,17 @@ def test_default_scheduler_is_round_robin() -> None:
     ({"instances": [{"role": "prefill", "ip": "127.0.0.2", "port": 1025}]}, "instances[0].mgmt_port"),
     ({"instances": [{**INSTANCES[0], "role": "flex"}]}, "instances[0].role"),
     ({"instances": [{**INSTANCES[0], "grpc_port": 1}]}, "instances[0].grpc_port"),
-    ({"instances": [{**INSTANCES[0], "ip": "p0"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "p 0"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "-p0.pods"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "p0..pods"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "p_0.pods"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "10.0.0.300"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "http://p0"}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": "a" * 64}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": ".".join(["a" * 63] * 4)}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": ""}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "ip": 10}]}, "instances[0].ip"),
+    ({"instances": [{**INSTANCES[0], "mgmt_ip": "p0/"}]}, "instances[0].mgmt_ip"),
     ({"instances": [{**INSTANCES[0], "id": 3}, {**INSTANCES[1], "id": 3}]}, "id 3"),
     ({"instances": [INSTANCES[0], {**INSTANCES[0], "id": 5}]}, "127.0.0.2:1025"),
 ])
