@@ -146,7 +146,7 @@ class Relay:
     async def _schedule(self) -> None:
         deadline = self._deadline(self.cfg.schedule_timeout_s)
         while True:
-            pair = self.coord.scheduler.pick()
+            pair = self.coord.scheduler.pick(self.family, self.body)
             if pair is not None:
                 break
             try:
