@@ -15,7 +15,9 @@ per pod) route:
 * token ids (`input_id`, Triton's tensor, OpenAI's token prompts): one per `CHUNK_TOKENS` ids.
 
 A P's hashes are recorded when a request is sent to it, in a per-P LRU bounded to
-`ENTRIES_PER_INSTANCE`, and the longest match is the deepest recorded hash of the request's chain.
+`ENTRIES_PER_INSTANCE`; a P's match is the deepest of the request's hashes it holds, and
+`Prefixes.share` says how much of the prompt that covers.
+
 The alternative, instances reporting their block hashes while the coordinator tokenizes every
 request, would need the model's tokenizer and chat template in the coordinator, make every request
 pay a tokenization, and track P's evictions through a report stream; routing on the text needs no
@@ -34,6 +36,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from mindie.coordinator.families import ChatPrompt, Prompt, TextPrompt
 
@@ -48,16 +51,31 @@ ENTRIES_PER_INSTANCE = 16384
 _KEY_BYTES = 8  # a 64-bit hash: a collision only misroutes, and small keys keep the LRU small
 
 
-def prefix_hashes(prompt: Prompt | None) -> list[int]:
-    """The chained hashes of a prompt's leading segments: hash i stands for segments 0..i."""
+@dataclass(frozen=True)
+class Prefixes:
+    """A prompt's chained hashes: hash i stands for segments 0..i, which end at `ends[i]` of the
+    prompt's `size` (characters, or token ids)."""
+
+    hashes: list[int]
+    ends: list[int]
+    size: int
+
+    def share(self, n: int) -> float:
+        """The part of the prompt its first n segments cover."""
+        return self.ends[n - 1] / self.size if n else 0.0
+
+
+def prefixes(prompt: Prompt | None) -> Prefixes:
     if prompt is None:
-        return []
-    hashes: list[int] = []
+        return Prefixes([], [], 0)
+    hashes, ends, end = [], [], 0
     parent = _hash(b"", _root(prompt))
-    for segment in _segments(prompt):
+    for segment, length in _segments(prompt):
         parent = _hash(parent, segment)
+        end += length
         hashes.append(int.from_bytes(parent, "little"))
-    return hashes
+        ends.append(end)
+    return Prefixes(hashes, ends, _size(prompt))
 
 
 def _root(prompt: Prompt) -> bytes:
@@ -67,16 +85,24 @@ def _root(prompt: Prompt) -> bytes:
     return b"text" if isinstance(prompt, TextPrompt) else b"tokens"
 
 
-def _segments(prompt: Prompt) -> Iterator[bytes]:
+def _segments(prompt: Prompt) -> Iterator[tuple[bytes, int]]:
+    """Each segment, with its size in the prompt."""
     if isinstance(prompt, ChatPrompt):
-        yield from (m.encode() for m in prompt.messages)
+        yield from ((m.encode(), len(m)) for m in prompt.messages)
     elif isinstance(prompt, TextPrompt):
         text = prompt.text
-        yield from (text[i : i + CHUNK_CHARS].encode() for i in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS))
+        for i in range(0, len(text) - CHUNK_CHARS + 1, CHUNK_CHARS):
+            yield text[i : i + CHUNK_CHARS].encode(), CHUNK_CHARS
     else:
         ids = prompt.ids
         for i in range(0, len(ids) - CHUNK_TOKENS + 1, CHUNK_TOKENS):
-            yield struct.pack(f"<{CHUNK_TOKENS}q", *ids[i : i + CHUNK_TOKENS])
+            yield struct.pack(f"<{CHUNK_TOKENS}q", *ids[i : i + CHUNK_TOKENS]), CHUNK_TOKENS
+
+
+def _size(prompt: Prompt) -> int:
+    if isinstance(prompt, ChatPrompt):
+        return sum(map(len, prompt.messages))
+    return len(prompt.text) if isinstance(prompt, TextPrompt) else len(prompt.ids)
 
 
 def _hash(parent: bytes, segment: bytes) -> bytes:

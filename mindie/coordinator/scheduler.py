@@ -7,14 +7,15 @@ already holding `single_node_max_requests` requests is skipped.
 
 `cache_affinity` picks D as `load_balance` does, and P by the prompt (`affinity.PrefixIndex`): the
 P that was sent the longest prefix of this request (ties by load), unless that P is busy, when it
-takes the `load_balance` choice instead; a request that matches nowhere goes by load too. A P is
-busy when it has no free slot, or when it has more than `BUSY_MARGIN` requests more waiting for
-their first token than the `load_balance` choice has.
+takes the `load_balance` choice instead. A request whose longest prefix anywhere is under
+`MIN_SHARE` of it (a new conversation that shares only a system prompt, an unrelated prompt) goes
+by load too. A P is busy when it has no free slot, or when it has more than `BUSY_MARGIN` requests
+more waiting for their first token than the `load_balance` choice has.
 """
 
 from __future__ import annotations
 
-from mindie.coordinator.affinity import PrefixIndex, prefix_hashes
+from mindie.coordinator.affinity import Prefixes, PrefixIndex, prefixes
 from mindie.coordinator.config import Role
 from mindie.coordinator.families import Family
 from mindie.coordinator.instances import Instance, Registry
@@ -25,6 +26,10 @@ from mindie.coordinator.requests import RequestTable
 # least-loaded P is about where waiting eats the saving: a judgement, not a measurement. SGLang's
 # router leaves its cache-aware choice the same way, past an absolute imbalance of waiting requests.
 BUSY_MARGIN = 2
+# Below half the prompt, a hit saves less than half its prefill, and spreading the load matters more:
+# otherwise every new conversation would follow the P that first got a short shared system prompt.
+# SGLang's router's cache_threshold defaults to the same 0.5.
+MIN_SHARE = 0.5
 
 
 class Scheduler:
@@ -41,15 +46,15 @@ class Scheduler:
     def pick(self, family: Family, body: bytes) -> tuple[Instance, Instance] | None:
         """A (P, D) pair with room for the request (its family and body), or None when either role
         has none now."""
-        hashes = prefix_hashes(family.prompt(body)) if self.algorithm == "cache_affinity" else []
-        p = self._pick(Role.PREFILL, hashes)
-        d = self._pick(Role.DECODE, []) if p is not None else None
+        prompt = prefixes(family.prompt(body) if self.algorithm == "cache_affinity" else None)
+        p = self._pick(Role.PREFILL, prompt)
+        d = self._pick(Role.DECODE, None) if p is not None else None
         if p is None or d is None:
             return None
         for inst in (p, d):
             inst.assigned_since_poll += 1
-        if hashes:
-            self.index.record(p.id, hashes)
+        if prompt.hashes:
+            self.index.record(p.id, prompt.hashes)
         return p, d
 
     def forget_departed(self) -> None:
@@ -59,7 +64,7 @@ class Scheduler:
             if inst is None or not inst.schedulable:
                 self.index.forget(inst_id)
 
-    def _pick(self, role: Role, hashes: list[int]) -> Instance | None:
+    def _pick(self, role: Role, prompt: Prefixes | None) -> Instance | None:
         ordered = sorted(self.registry.of_role(role), key=lambda i: i.id)
         if not ordered:
             return None
@@ -71,15 +76,15 @@ class Scheduler:
         chosen = candidates[0]
         if self.algorithm != "round_robin":
             chosen = max(candidates, key=_free)  # max keeps the first of equals: round robin among ties
-        if hashes:
-            chosen = self._affine(candidates, hashes, chosen)
+        if prompt is not None and prompt.hashes:
+            chosen = self._affine(candidates, prompt, chosen)
         self._next[role] = ordered.index(chosen) + 1
         return chosen
 
-    def _affine(self, candidates: list[Instance], hashes: list[int], by_load: Instance) -> Instance:
-        matched = {inst: self.index.longest(inst.id, hashes) for inst in candidates}
+    def _affine(self, candidates: list[Instance], prompt: Prefixes, by_load: Instance) -> Instance:
+        matched = {inst: self.index.longest(inst.id, prompt.hashes) for inst in candidates}
         best = max(matched.values())
-        if best == 0:
+        if prompt.share(best) < MIN_SHARE:
             return by_load
         holder = max((inst for inst in candidates if matched[inst] == best), key=_free)
         return by_load if self._busy(holder, by_load) else holder

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fakes import cluster
 
-from mindie.coordinator.affinity import CHUNK_CHARS, CHUNK_TOKENS, PrefixIndex, prefix_hashes
+from mindie.coordinator.affinity import CHUNK_CHARS, CHUNK_TOKENS, PrefixIndex, prefixes
 from mindie.coordinator.config import Role, parse_instances
 from mindie.coordinator.families import (
     NATIVE,
@@ -66,22 +66,28 @@ def test_every_family_prompt_is_read(family: Family, body: dict[str, Any], promp
 ])
 def test_a_body_without_a_readable_prompt_has_none(family: Family, body: bytes) -> None:
     assert family.prompt(body) is None
-    assert prefix_hashes(family.prompt(body)) == []
+    assert prefixes(family.prompt(body)).hashes == []
+
+
+def _hashes(prompt: ChatPrompt | TextPrompt | TokenPrompt) -> list[int]:
+    return prefixes(prompt).hashes
 
 
 def test_prompts_hash_into_chained_prefixes() -> None:
     turn1 = ChatPrompt("{}", ("a", "b"))
     turn2 = ChatPrompt("{}", ("a", "b", "answer", "c"))
-    assert prefix_hashes(turn2)[:2] == prefix_hashes(turn1) and len(prefix_hashes(turn2)) == 4
-    assert prefix_hashes(ChatPrompt('{"tools":[]}', ("a", "b")))[0] != prefix_hashes(turn1)[0]
-    assert prefix_hashes(ChatPrompt("{}", ("x", "b")))[1] != prefix_hashes(turn1)[1]  # chained, not per segment
+    assert _hashes(turn2)[:2] == _hashes(turn1) and len(_hashes(turn2)) == 4
+    assert prefixes(turn2).ends == [1, 2, 8, 9] and prefixes(turn2).share(2) == 2 / 9
+    assert _hashes(ChatPrompt('{"tools":[]}', ("a", "b")))[0] != _hashes(turn1)[0]
+    assert _hashes(ChatPrompt("{}", ("x", "b")))[1] != _hashes(turn1)[1]  # chained, not per segment
     text = "t" * (2 * CHUNK_CHARS + 5)
-    assert len(prefix_hashes(TextPrompt(text))) == 2  # whole chunks only
-    assert prefix_hashes(TextPrompt(text + "more" * CHUNK_CHARS))[:2] == prefix_hashes(TextPrompt(text))
-    assert prefix_hashes(TextPrompt("short")) == []
+    assert len(_hashes(TextPrompt(text))) == 2  # whole chunks only
+    assert prefixes(TextPrompt(text)).share(2) == 2 * CHUNK_CHARS / len(text)
+    assert _hashes(TextPrompt(text + "more" * CHUNK_CHARS))[:2] == _hashes(TextPrompt(text))
+    assert _hashes(TextPrompt("short")) == []
     ids = tuple(range(3 * CHUNK_TOKENS))
-    assert len(prefix_hashes(TokenPrompt(ids))) == 3
-    assert not set(prefix_hashes(TokenPrompt(ids))) & set(prefix_hashes(TextPrompt("x" * 3 * CHUNK_CHARS)))
+    assert len(_hashes(TokenPrompt(ids))) == 3 and prefixes(TokenPrompt(ids)).share(3) == 1.0
+    assert not set(_hashes(TokenPrompt(ids))) & set(_hashes(TextPrompt("x" * 3 * CHUNK_CHARS)))
 
 
 def test_the_index_is_bounded_and_forgets() -> None:
@@ -132,8 +138,11 @@ class InMemory:
 
 
 class Chat:
+    """A conversation: a system prompt every chat shares, then a long document of its own."""
+
     def __init__(self, name: str) -> None:
-        self.messages: list[dict[str, str]] = [{"role": "system", "content": f"You are {name}'s assistant."}]
+        self.messages = [{"role": "system", "content": "You are a helpful assistant."},
+                         {"role": "user", "content": f"Read {name}'s document: " + f"{name} lorem ipsum " * 30}]
         self.turns = 0
 
     def next_turn(self) -> dict[str, Any]:
@@ -173,7 +182,19 @@ def test_an_unrelated_prompt_goes_by_load() -> None:
     p.avail_slots = 150  # busier, but not busy: the conversation stays
     assert c.send(OPENAI, chat.next_turn()) is p
     assert c.send(VLLM, _unrelated(0)) is other
-    assert c.send(OPENAI, Chat("b").next_turn()) is other
+    assert c.send(OPENAI, Chat("b").next_turn()) is other  # it shares the system prompt only: too little
+
+
+def test_a_p_must_hold_at_least_half_of_the_prompt() -> None:
+    c = InMemory()
+    first = Chat("a").next_turn()
+    p = c.send(OPENAI, first)
+    other = next(i for i in c.prefills if i is not p)
+    p.avail_slots = 150
+    history = sum(len(json.dumps(m)) for m in first["messages"])
+    longer = {**first, "messages": [*first["messages"], {"role": "user", "content": "x" * history}]}
+    assert c.send(OPENAI, longer) is other  # what p holds is under half of it
+    assert c.send(OPENAI, first) is other  # both hold all of it now: the tie goes by load
 
 
 def test_a_p_with_no_free_slot_is_left_for_load_and_the_chat_follows_its_longest_prefix() -> None:
