@@ -1,7 +1,8 @@
 """`cache_affinity` against `load_balance` on multi-turn chats, 2 P + 1 D, the embedded SmolLM2.
 
     python benchmarks/pd_cache_affinity.py [--conversations 7] [--turns 6] [--document-words 300]
-                                           [--answer-tokens 32] [--think-s 0.5] [--instance-threads N]
+                                           [--answer-tokens 32] [--think-s 0.5] [--rounds 1]
+                                           [--instance-threads N]
 
 For each algorithm, starts a fresh cluster (coordinator, two prefill and one decode instance on
 127.0.9.60..62) and runs the same conversations concurrently: each opens with a system prompt
@@ -12,7 +13,8 @@ keeps the conversations out of lockstep, where load_balance's alternation would 
 by accident). Prints, per algorithm, the P instances' prefix-cache hit rate over the run
 (`npu_radix_match_hit_num` / `all_radix_match_num`, summed over both P), the requests each P got,
 and the time to first token (mean, p50, p90) of every request and of the turns after the first,
-which are the ones a cache can serve.
+which are the ones a cache can serve. With --rounds N, each algorithm runs N times, alternating which
+goes first (the machine's other load drifts), and the figures pool every run.
 """
 
 from __future__ import annotations
@@ -100,13 +102,13 @@ async def drive(url: str, docs: list[str], pauses: list[list[float]], answer_tok
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(docs) + 4),
                                  trust_env=False) as client:
         await asyncio.gather(*(converse(client, url, Conversation(d), p, answer_tokens, ttfts)
-                               for d, p in zip(docs, pauses, strict=True)))
+                               for d, p in zip(docs, pauses)))
     return ttfts
 
 
 def run(algorithm: str, docs: list[str], pauses: list[list[float]], args: argparse.Namespace, workdir: Path) -> Run:
     cluster = LocalCluster(2, 1, port=free_port("127.0.0.1"), instance_port=free_port(FIRST_IP), first_ip=FIRST_IP,
-                           workdir=workdir / algorithm,
+                           workdir=workdir,
                            coordinator_overrides={"digs_scheduler_config": {"algorithm_type": algorithm}})
     cluster.start()
     try:
@@ -121,13 +123,23 @@ def run(algorithm: str, docs: list[str], pauses: list[list[float]], args: argpar
         after = [scrape(p) for p in prefills]
     finally:
         cluster.stop(grace_s=20)
-    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+    delta = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before)]
     return Run(ttfts, sum(d[LOOKED_UP] for d in delta), sum(d[FOUND] for d in delta), [d[RECEIVED] for d in delta])
 
 
 def ttft_line(label: str, xs: list[float]) -> str:
-    return (f"  TTFT {label:13s} n={len(xs):3d}  mean {statistics.fmean(xs) * 1e3:7.1f} ms  p50 "
+    return (f"  TTFT {label:9s} n={len(xs):3d}  mean {statistics.fmean(xs) * 1e3:7.1f} ms  p50 "
             f"{pct(xs, 0.5) * 1e3:7.1f} ms  p90 {pct(xs, 0.9) * 1e3:7.1f} ms")
+
+
+def report(name: str, runs: list[Run]) -> None:
+    looked_up, found = sum(r.looked_up for r in runs), sum(r.found for r in runs)
+    hit = found / looked_up if looked_up else float("nan")
+    per_p = " / ".join(f"{sum(n):.0f}" for n in zip(*(r.per_p for r in runs)))
+    print(f"{name}: prefix-cache hit rate {hit:6.1%} ({found:.0f} of {looked_up:.0f} prompt tokens on P); "
+          f"requests per P {per_p}")
+    print(ttft_line("all turns", [t for r in runs for turn in r.ttfts for t in turn]))
+    print(ttft_line("turns 2..", [t for r in runs for turn in r.ttfts[1:] for t in turn]), flush=True)
 
 
 def main() -> None:
@@ -137,6 +149,7 @@ def main() -> None:
     ap.add_argument("--document-words", type=int, default=300)
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--think-s", type=float, default=0.5, help="the longest pause before a turn")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each algorithm, alternating which goes first")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--instance-threads", type=int, default=None)
     args = ap.parse_args()
@@ -149,13 +162,15 @@ def main() -> None:
     print(f"{args.conversations} conversations x {args.turns} turns, {args.document_words}-word documents, "
           f"{args.answer_tokens}-token answers, pauses up to {args.think_s} s; 2 P + 1 D on {FIRST_IP}..; "
           f"instance threads: {args.instance_threads or 'every core'}; logs in {workdir}", flush=True)
-    for algorithm in ALGORITHMS:
-        r = run(algorithm, docs, pauses, args, workdir)
-        hit = r.found / r.looked_up if r.looked_up else float("nan")
-        print(f"\n{algorithm}: prefix-cache hit rate {hit:6.1%} ({r.found:.0f} of {r.looked_up:.0f} prompt tokens "
-              f"on P); requests per P {' / '.join(f'{n:.0f}' for n in r.per_p)}")
-        print(ttft_line("all turns", [t for turn in r.ttfts for t in turn]))
-        print(ttft_line("turns 2..", [t for turn in r.ttfts[1:] for t in turn]), flush=True)
+    runs: dict[str, list[Run]] = {a: [] for a in ALGORITHMS}
+    for k in range(args.rounds):
+        for algorithm in ALGORITHMS if k % 2 == 0 else ALGORITHMS[::-1]:  # neither always runs first
+            runs[algorithm].append(run(algorithm, docs, pauses, args, workdir / f"{algorithm}-{k}"))
+            if args.rounds > 1:
+                report(f"round {k + 1} {algorithm}", runs[algorithm][-1:])
+    print(f"\nall {args.rounds} round(s):")
+    for algorithm, rs in runs.items():
+        report(algorithm, rs)
 
 
 if __name__ == "__main__":

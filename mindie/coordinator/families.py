@@ -86,7 +86,7 @@ def _openai(body: dict[str, Any]) -> Prompt | None:
         return _chat(body)
     prompt = body.get("prompt")
     batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
-    return _plain(prompt[0] if batch else prompt)  # type: ignore[index]
+    return _plain(prompt[0] if batch else prompt)
 
 
 def _triton(body: dict[str, Any]) -> Prompt | None:
