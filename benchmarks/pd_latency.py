@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,22 +31,11 @@ import time
 
 import httpx
 import torch
+from pd_common import MODEL, Streamed, free_port, pct, stream_openai
 
 from mindie.coordinator.cluster import LocalCluster
 
-MODEL = "SmolLM2-135M-Instruct"
 VOCAB = 49152
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -55,29 +43,9 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [torch.randint(100, VOCAB, (length,), generator=gen).tolist() for _ in range(n)]
 
 
-async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int], n_out: int) -> tuple[float, list[float], int]:
-    body = {"model": MODEL, "prompt": ids, "max_tokens": n_out, "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft, gaps, last, tokens = None, [], 0.0, 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status_code} {(await r.aread())[:200]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            now = time.perf_counter()
-            event = json.loads(line[6:])
-            if event.get("usage"):  # the last chunk: how many tokens the request really produced
-                tokens = event["usage"]["completion_tokens"]
-            if not event["choices"] or not event["choices"][0]["text"]:
-                continue  # a token whose text waits for the next one (part of a UTF-8 sequence)
-            if ttft is None:
-                ttft = now - t0
-            else:
-                gaps.append(now - last)
-            last = now
-    return ttft if ttft is not None else float("nan"), gaps, tokens
+async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int], n_out: int) -> Streamed:
+    body = {"model": MODEL, "prompt": ids, "max_tokens": n_out, "ignore_eos": True, "temperature": 0}
+    return await stream_openai(client, url, "/v1/completions", body)
 
 
 async def drive(url: str, ids: list[list[int]], n_out: int) -> dict[str, float]:
@@ -86,10 +54,10 @@ async def drive(url: str, ids: list[list[int]], n_out: int) -> dict[str, float]:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one_stream(client, url, p, n_out) for p in ids))
         wall = time.perf_counter() - t0
-    ttfts = [r[0] for r in results]
-    gaps = [g for r in results for g in r[1]]
-    short = sum(r[2] < n_out for r in results)
-    return {"tok_s": sum(r[2] for r in results) / wall, "ttft50": pct(ttfts, 0.5), "ttft99": pct(ttfts, 0.99),
+    ttfts = [r.ttft for r in results]
+    gaps = [g for r in results for g in r.gaps]
+    short = sum(r.tokens < n_out for r in results)
+    return {"tok_s": sum(r.tokens for r in results) / wall, "ttft50": pct(ttfts, 0.5), "ttft99": pct(ttfts, 0.99),
             "itl50": pct(gaps, 0.5), "itl99": pct(gaps, 0.99), "short": short}
 
 

@@ -224,7 +224,7 @@ class CoordinatorConfig:
     first_token_timeout_s: float = 600
     infer_timeout_s: float = 600
     tokenizer_timeout_s: float = 300
-    algorithm: str = "load_balance"  # round_robin or load_balance
+    algorithm: str = "load_balance"  # round_robin, load_balance or cache_affinity
     log_level: str = "INFO"
     instances: tuple[InstanceSpec, ...] = ()
     ignored: tuple[str, ...] = field(default=(), compare=False)
@@ -261,12 +261,10 @@ class CoordinatorConfig:
         if digs["deploy_mode"] == "single_node":
             raise ConfigError("digs_scheduler_config.deploy_mode 'single_node' (PD-mixed instances behind the "
                               "coordinator) is not supported; use 'pd_separate'")
+        # MindIE documents cache_affinity for single_node only; here digs_scheduler routes P by it in PD
         algorithm = digs["algorithm_type"]
         if digs["scheduler_type"] == "default_scheduler":
             algorithm = "round_robin"  # as MindIE: default_scheduler with a PD deploy mode is round robin
-        if algorithm == "cache_affinity":
-            raise ConfigError("digs_scheduler_config.algorithm_type 'cache_affinity' is not supported; use "
-                              "'load_balance' or 'round_robin'")
         ports = {k: http[k] for k in ("predict_port", "manage_port", "external_port", "status_port")}
         listeners = {(http["predict_ip"], ports["predict_port"]): "predict_port"}
         for key in ("manage_port", "external_port", "status_port"):

@@ -158,7 +158,7 @@ class Relay:
         start = self.tracked.arrived if since is None else since
         deadline = start + self.cfg.schedule_timeout_s if self.cfg.schedule_timeout_s > 0 else None
         while True:
-            pair = self.coord.scheduler.pick()
+            pair = self.coord.scheduler.pick(self.family, self.body)
             if pair is not None:
                 break
             try:

@@ -80,6 +80,12 @@ class RequestTable:
     def get(self, req_id: str) -> Tracked | None:
         return self._by_id.get(req_id) or self._by_alias.get(req_id)
 
+    def unanswered(self, p: Instance) -> int:
+        """Requests scheduled on P that P has not answered yet: its prefill queue as seen from here,
+        exact at once, where P's polled figures lag by up to a poll."""
+        waiting = (State.SCHEDULED, State.REPEATED)
+        return sum(1 for rid in p.in_flight if (t := self._by_id.get(rid)) is not None and t.state in waiting)
+
     def remove(self, tracked: Tracked) -> None:
         self._by_id.pop(tracked.req_id, None)
         if tracked.alias is not None:

@@ -29,8 +29,8 @@ class Coordinator:
                                         trust_env=False)
         self._change = asyncio.Event()
         self.registry = Registry(config.instances, self.client, self.notify)
-        self.scheduler = Scheduler(self.registry, config.algorithm, config.single_node_max_requests)
         self.table = RequestTable()
+        self.scheduler = Scheduler(self.registry, self.table, config.algorithm, config.single_node_max_requests)
         self.links: dict[int, DResultLink] = {}
         self._silence_limit_s = silence_limit_s
         self._background: set[asyncio.Task[None]] = set()
@@ -54,7 +54,9 @@ class Coordinator:
         link.start()
 
     def notify(self) -> None:
-        """Something a waiting request may care about changed (an instance came up, a slot freed)."""
+        """Something a waiting request may care about changed (an instance came up or went away, a
+        slot freed)."""
+        self.scheduler.forget_departed()
         self._change.set()
         self._change = asyncio.Event()
 

@@ -78,6 +78,11 @@ def test_default_scheduler_is_round_robin() -> None:
     assert cfg.algorithm == "round_robin"
 
 
+def test_cache_affinity_is_taken() -> None:
+    cfg = CoordinatorConfig.from_dict({"digs_scheduler_config": {"algorithm_type": "cache_affinity"}})
+    assert cfg.algorithm == "cache_affinity"
+
+
 @pytest.mark.parametrize("raw,names", [
     ({"http_confg": {}}, "http_confg"),
     ({"http_config": {"predict_prot": "1"}}, "http_config.predict_prot"),
@@ -92,7 +97,6 @@ def test_default_scheduler_is_round_robin() -> None:
     ({"exception_config": {"max_retry": 11}}, "exception_config.max_retry"),
     ({"exception_config": {"infer_timeout": 1.5}}, "exception_config.infer_timeout"),
     ({"digs_scheduler_config": {"algorithm_type": "random"}}, "digs_scheduler_config.algorithm_type"),
-    ({"digs_scheduler_config": {"algorithm_type": "cache_affinity"}}, "cache_affinity"),
     ({"digs_scheduler_config": {"deploy_mode": "single_node"}}, "single_node"),
     ({"digs_scheduler_config": {"slots_thresh": "lots"}}, "digs_scheduler_config.slots_thresh"),
     ({"tls_config": {"request_server_tls_enable": True}}, "tls_config.request_server_tls_enable"),
