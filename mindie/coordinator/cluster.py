@@ -145,11 +145,23 @@ class LocalCluster:
         return self.workdir
 
     def start(self) -> None:
-        workdir = self.write()
-        for inst in self.instances:
-            self._spawn(inst.name, self.instance_command(workdir / f"{inst.name}.json"), self.role_env.get(inst.role))
-        self._spawn("coordinator", [sys.executable, "-P", "-m", "mindie", "coordinator", "--config",
-                                    str(workdir / "ms_coordinator.json")])
+        self.write()
+        for name in [i.name for i in self.instances] + ["coordinator"]:
+            self.restart(name)
+
+    def restart(self, name: str) -> None:
+        """Starts process `name` (an instance's name, or "coordinator"), killing it first if it runs."""
+        assert self.workdir is not None
+        old = self.processes.get(name)
+        if old is not None and old.poll() is None:
+            old.kill()
+            old.wait()
+        if name == "coordinator":
+            self._spawn(name, [sys.executable, "-P", "-m", "mindie", "coordinator", "--config",
+                               str(self.workdir / "ms_coordinator.json")])
+            return
+        inst = next(i for i in self.instances if i.name == name)
+        self._spawn(name, self.instance_command(self.workdir / f"{name}.json"), self.role_env.get(inst.role))
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         assert self.workdir is not None

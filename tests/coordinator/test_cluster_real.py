@@ -8,17 +8,17 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fakes import free_port
+from helpers.cluster import metric, running
 from helpers.pd import close
 from helpers.server import RunningServer, local_settings
 
-from mindie.coordinator.cluster import InstancePlan, LocalCluster
+from mindie.coordinator.cluster import LocalCluster
 from mindie.server.dmi import PREEMPT_ENV
 
 pytest.importorskip("mindie.server.dmi", reason="needs the P and D roles (inferMode dmi)")
@@ -53,19 +53,9 @@ def _events(raw: bytes, path: str, stream: bool) -> list[Any]:
     return [p.decode() if p == b"[DONE]" else _normal(json.loads(p)) for p in payloads]
 
 
-def _running(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    """A fixture body: the cluster started, ready, and stopped afterwards."""
-    cluster.start()
-    try:
-        cluster.wait_ready(timeout_s=300)
-        yield cluster
-    finally:
-        cluster.stop(grace_s=20)
-
-
 @pytest.fixture(scope="module")
 def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    yield from _running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
+    yield from running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
                                      instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2",
                                      workdir=tmp_path_factory.mktemp("cluster")))
 
@@ -87,7 +77,7 @@ def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_di
 @pytest.fixture(scope="module")
 def recompute_cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """1P1D whose D sends every request back for recompute once it has 3 outputs (the test hook)."""
-    yield from _running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
+    yield from running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
                                      instance_port=free_port("127.0.9.22"), first_ip="127.0.9.22",
                                      workdir=tmp_path_factory.mktemp("recompute-cluster"),
                                      role_env={"decode": {PREEMPT_ENV: "3"}}))
@@ -101,23 +91,16 @@ def test_a_request_d_sends_back_for_recompute_answers_as_one_instance(recompute_
     d = cluster.instances[1]
     try:
         with httpx.Client(trust_env=False, timeout=120) as client:
-            before = _metric(client, d, "num_preemptions_total")
+            before = metric(client, d, "num_preemptions_total")
             for path, body, stream in CASES:
                 pd = client.post(cluster.url + path, json=body)
                 one = client.post(single.url + path, json=body)
                 assert pd.status_code == one.status_code == 200, (path, stream, pd.text)
                 assert close(_events(pd.content, path, stream), _events(one.content, path, stream), 1e-4), (
                     path, stream, pd.content, one.content)
-            assert _metric(client, d, "num_preemptions_total") - before >= len(CASES) - 1
+            assert metric(client, d, "num_preemptions_total") - before >= len(CASES) - 1
     finally:
         single.close()
-
-
-def _metric(client: httpx.Client, inst: InstancePlan, name: str) -> float:
-    """A metric of the instance; 0 for a counter with no sample yet."""
-    text = client.get(f"http://{inst.ip}:{inst.metrics_port}/metrics").text
-    found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 LONG = 2000  # tokens: about 10 s of the default model's decoding on two cores
@@ -127,7 +110,7 @@ LONG = 2000  # tokens: about 10 s of the default model's decoding on two cores
 def default_model_cluster(tmp_path_factory: pytest.TempPathFactory):
     """1P1D on the embedded default model: a few ms per token, so a long request is still running
     when a stop arrives (the tiny model writes thousands of tokens in a second)."""
-    yield from _running(LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.9.12"),
+    yield from running(LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.9.12"),
                                      first_ip="127.0.9.12", workdir=tmp_path_factory.mktemp("default-cluster"),
                                      schedule_config={"maxIterTimes": LONG}))
 
@@ -138,7 +121,7 @@ def test_client_disconnect_frees_every_block_on_p_and_d(default_model_cluster: L
             "ignore_eos": True, "stream": True}
     p, d = cluster.instances
     with httpx.Client(trust_env=False, timeout=60) as client:
-        before = [_metric(client, d, f"request_{end}_total") for end in ("failed", "success")]
+        before = [metric(client, d, f"request_{end}_total") for end in ("failed", "success")]
         with client.stream("POST", cluster.url + "/v1/completions", json=body) as r:
             assert r.status_code == 200, r.read()
             lines = r.iter_lines()
@@ -148,8 +131,8 @@ def test_client_disconnect_frees_every_block_on_p_and_d(default_model_cluster: L
         # the client has gone: the coordinator stops the request on P and D
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            usage = [_metric(client, i, "npu_cache_usage_perc") for i in (p, d)]
-            ends = [_metric(client, d, f"request_{end}_total") for end in ("failed", "success")]
+            usage = [metric(client, i, "npu_cache_usage_perc") for i in (p, d)]
+            ends = [metric(client, d, f"request_{end}_total") for end in ("failed", "success")]
             if usage == [0.0, 0.0] and ends != before:
                 break
             time.sleep(0.1)

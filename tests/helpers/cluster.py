@@ -1,0 +1,33 @@
+"""Real clusters in tests: `mindie.coordinator.cluster.LocalCluster` started and stopped around a
+test, and the figures the tests read from its processes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from mindie.coordinator.cluster import InstancePlan, LocalCluster
+
+
+def running(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """A fixture body: the cluster started, ready, and stopped afterwards."""
+    cluster.start()
+    try:
+        cluster.wait_ready(timeout_s=300)
+        yield cluster
+    finally:
+        cluster.stop(grace_s=20)
+
+
+def metric(client: httpx.Client, inst: InstancePlan, name: str) -> float:
+    """A metric of the instance; 0 for a counter with no sample yet."""
+    text = client.get(f"http://{inst.ip}:{inst.metrics_port}/metrics").text
+    found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def coordinator_info(client: httpx.Client, cluster: LocalCluster) -> dict[str, Any]:
+    return client.get(f"http://127.0.0.1:{cluster.port + 1}/v1/coordinator_info").json()
