@@ -157,3 +157,21 @@ def test_a_continuation_must_leave_room_and_use_known_tokens(loaded):
     with pytest.raises(ValueError, match="out of range"):
         e.add_request(EngineRequest("r", [5, 6], SamplingParams(max_tokens=8),
                                     continuation=Continuation([10**6], 0, 0.0)))
+
+
+def test_a_d_short_of_blocks_sends_the_newest_request_back(loaded):
+    """No test hook: two resumed requests outgrow D's pool; the scheduler preempts the newer one,
+    which ends with RECOMPUTE (its blocks freed) instead of being recomputed on D."""
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    p = engine(loaded)
+    d = LLMEngine(loaded, EngineConfig(num_kv_blocks=12, block_size=4, max_seq_len=256, max_iter_times=64))
+    for rid, prompt in (("old", list(range(3, 11))), ("new", list(range(20, 28)))):
+        request = EngineRequest(rid, prompt, params, handoff=True)
+        p.add_request(request)
+        [first] = drain(p)
+        hand_over(p, d, dataclasses.replace(request, handoff=False, recompute_elsewhere=True), first, [first])
+    outs = drain(d)
+    sent_back = [o for o in outs if o.finish_reason is FinishReason.RECOMPUTE]
+    assert [o.request_id for o in sent_back] == ["new"] and sent_back[0].request_done
+    assert [o.finish_reason for o in outs if o.request_id == "old"][-1] is FinishReason.LENGTH
+    assert d.blocks.num_used_blocks() == 0 and d.stats().num_preemptions == 1
