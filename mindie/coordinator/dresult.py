@@ -7,9 +7,9 @@ exponential backoff; after `max_retry` consecutive failures D is marked faulty a
 flight end with an error at once (MindIE leaves them to `infer_timeout`). Re-linking goes on at the
 slowest backoff, and D comes back into the schedule when a link succeeds.
 
-However the re-linking goes, the requests on D end with an error once the link has been down for
-2 x D's kv_trans_timeout (a D that hangs rather than dies answers nothing, so every re-link waits
-out its own timeout); and a re-link that finds another D process (its epoch header differs: it
+However the re-linking goes, the requests on D end with an error once D has sent nothing for 2 x its
+kv_trans_timeout (a D that hangs rather than dies answers nothing, so every re-link waits out its
+own timeout); and a re-link that finds another D process (its epoch header differs: it
 restarted) ends them at once, since that process never heard of them.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import httpx
 
@@ -47,6 +48,7 @@ class DResultLink:
         self.failures = 0
         self.links = 0  # streams opened so far (a re-link counts)
         self.epoch: str | None = None  # the D process the last link reached
+        self.last_heard = time.monotonic()  # when D last sent anything (a record or a heartbeat)
         self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
         self._grace: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
@@ -84,6 +86,7 @@ class DResultLink:
                 self.registry.changed()
             decoder = RecordDecoder()
             async for chunk in reply.aiter_raw():
+                self.last_heard = time.monotonic()
                 for record in decoder.feed(chunk):
                     if record.kind is RecordKind.CLOSE:
                         raise _LinkLost("superseded by a newer GET /dresult")
@@ -93,6 +96,7 @@ class DResultLink:
             raise _LinkLost("the stream ended")
 
     def _linked(self, headers: httpx.Headers) -> None:
+        self.last_heard = time.monotonic()
         self.links += 1
         self.failures = 0
         if self._grace is not None:
@@ -123,8 +127,10 @@ class DResultLink:
             self.registry.changed()
         log.warning("/dresult of %s lost (%s), attempt %d of %d to re-link", self.d.spec.name, reason,
                     self.failures, self.max_retry)
-        if self._grace is None:
-            self._grace = asyncio.get_running_loop().call_later(self.grace_s, self._grace_over)
+        if self._grace is None:  # counted from the last byte D sent: a silent link was lost then
+            loop = asyncio.get_running_loop()
+            self._grace = loop.call_at(loop.time() - (time.monotonic() - self.last_heard) + self.grace_s,
+                                       self._grace_over)
         if self.failures > self.max_retry and not self.d.faulty:
             self.d.faulty = True
             log.error("%s is faulty: /dresult could not be re-linked %d times", self.d.spec.name, self.max_retry)

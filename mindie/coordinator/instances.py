@@ -35,6 +35,9 @@ from mindie.coordinator.config import InstanceSpec, Role, is_ip
 log = logging.getLogger("mindie.coordinator")
 
 STATUS_POLL_S = 1.0  # MindIE's controller syncs the cluster every second (cluster_synchronization_seconds)
+# A poll that gets no answer in this long counts as a failed one: an instance behind a link that is
+# down (not closed) would otherwise stay "reachable", and scheduled, for the whole http_timeout.
+STATUS_TIMEOUT_S = 5.0
 ROLE_RETRY_MAX_S = 2.0  # an instance still loading its model is asked again this often
 RESOLVE_TIMEOUT_S = 5.0  # a resolver that does not answer in time counts as a name that does not resolve
 
@@ -254,7 +257,7 @@ class Registry:
             inst.reachable = False
         else:
             try:
-                reply = await self.client.get(f"{inst.management_url}/v1/status")
+                reply = await self.client.get(f"{inst.management_url}/v1/status", timeout=STATUS_TIMEOUT_S)
                 body = reply.json() if reply.status_code == 200 else None
                 resource = body["resource"] if body else None
                 inst.avail_slots = int(resource["availSlotsNum"]) if resource else None

@@ -188,8 +188,10 @@ class Relay:
                 break
             except httpx.ConnectError as exc:
                 log.warning("cannot reach %s (attempt %d): %s", p.spec.name, attempt + 1, exc)
-            except httpx.HTTPError as exc:  # sent, but the reply broke off
+            except httpx.HTTPError as exc:  # sent, but the reply broke off: P is suspect until a poll answers
                 log.warning("%s failed to answer request %s: %r", p.spec.name, self.tracked.req_id, exc)
+                p.reachable = False
+                self.coord.notify()
                 raise Failure(500, "Receive messages from p instance failed", stop=True) from None
         else:
             p.reachable = False  # out of the schedule until its next status poll answers

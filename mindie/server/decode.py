@@ -136,22 +136,23 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
     try:
         blocks = await _reserve(ctx, node, params)
         if blocks is None:
-            await _release(ctx, node, params)
             if req_id not in node.stopped:
                 node.dispatcher.push(encode(req_id, RecordKind.ERROR, "Failed forward in for infer engine: no free KV "
                                             f"blocks for the request within {ctx.settings.kv_trans_timeout_s:g} s"))
+            await _release(ctx, node, params)
             return
         if len(blocks) != len(params.kv.block_ids):
             raise ValueError(f"{len(blocks)} blocks reserved for P's {len(params.kv.block_ids)}")
         job = node.transport.pull(params.kv, blocks, time.monotonic() + ctx.settings.kv_trans_timeout_s)
         status = await asyncio.to_thread(job.wait)
-        await _release(ctx, node, params)
         p_host = params.p_node_addr.rpartition(":")[0]
         node.link(p_host, status is PullStatus.SUCCESS)
         if status is not PullStatus.SUCCESS:
             log.warning("request %s: pull from %s failed: %s", req_id, params.kv.addr, job.error)
-            node.dispatcher.push(encode(req_id, RecordKind.ERROR, PULL_FAILED[status]))
+            node.dispatcher.push(encode(req_id, RecordKind.ERROR, PULL_FAILED[status]))  # before the release,
+            await _release(ctx, node, params)  # which may wait out its own timeout on the same broken link
             return
+        await _release(ctx, node, params)
         if req_id in node.stopped:
             return  # stopped while its KV was on its way: nothing more to say
         first = params.first_items[0].output
