@@ -32,9 +32,10 @@ from helpers.server import RunningServer, local_settings
 pytest.importorskip("mindie.server.dmi", reason="needs the P and D roles (inferMode dmi)")
 
 KV_TRANS_TIMEOUT = 3  # s, ModelConfig[0].kv_trans_timeout of P and D
-# D's downlink while P's goes down: one block of the tiny model's KV (32 KiB in bf16) then takes
-# about 1.4 s to reach D, well past the moment the link goes down and within the pull's deadline.
-DOWNLINK_KBIT = 200
+# D's downlink while P's goes down: one block of the tiny model's KV (32 KiB in bf16, 64 KiB in
+# float32) then takes about 0.9 s (1.8 s) to reach D: well past the moment the link goes down,
+# and within the pull's deadline.
+DOWNLINK_KBIT = 300
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +122,11 @@ def _served(url: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
         return reply
 
 
+def _chat(content: str) -> dict[str, Any]:
+    return {"model": "tiny", "max_tokens": 32, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": content}]}
+
+
 def test_p_link_down_during_the_pull_ends_the_request(cluster: NetnsCluster, network: Network) -> None:
     # D's pull must outlast the moment the client sees the stream start, so D's downlink is slowed.
     try:
@@ -131,12 +137,14 @@ def test_p_link_down_during_the_pull_ends_the_request(cluster: NetnsCluster, net
     # D's release to P gives up at its own (kv_trans_timeout); then the error record crosses the
     # healthy D-coordinator link, for which 3 s is ample even on a busy machine.
     bound = 2 * KV_TRANS_TIMEOUT + 3
-    body = {"model": "tiny", "max_tokens": 32, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": "tell me a long story"}]}
+    url = cluster.url + "/v1/chat/completions"
     started = threading.Event()
     with network.threads("coordinator") as coordinator_host:
         try:
-            reading = coordinator_host.submit(_read_stream, cluster.url + "/v1/chat/completions", body, started, bound)
+            # with every link up the slowed pull completes: what fails below is the link's doing
+            control = coordinator_host.submit(_served, url, _chat("a short story"), bound).result()
+            assert events(control.content, "/v1/chat/completions", True)[-1] == "[DONE]", control.text
+            reading = coordinator_host.submit(_read_stream, url, _chat("a long story"), started, bound)
             assert started.wait(30), "the stream did not start"
             network.set_link("prefill0", up=False)
             down_at = time.monotonic()
@@ -150,6 +158,6 @@ def test_p_link_down_during_the_pull_ends_the_request(cluster: NetnsCluster, net
 
         # the link is back: once the hosts reach one another again, the cluster serves again
         network.wait_connected(cluster.business_ports(), timeout_s=30)
-        again = coordinator_host.submit(_served, cluster.url + "/v1/chat/completions", body, 30).result()
+        again = coordinator_host.submit(_served, url, _chat("a long story"), 30).result()
     assert again.status_code == 200, again.text
     assert events(again.content, "/v1/chat/completions", True)[-1] == "[DONE]", again.text
