@@ -81,22 +81,31 @@ class LocalCluster:
     def __post_init__(self) -> None:
         if self.n_prefill < 1 or self.n_decode < 1:
             raise ValueError("a PD cluster needs at least one prefill and one decode instance")
-        first = [int(x) for x in self.first_ip.split(".")]
-        if len(first) != 4 or first[0] != 127 or first[3] + self.n_prefill + self.n_decode > 255:
-            raise ValueError(f"instances need {self.n_prefill + self.n_decode} addresses from {self.first_ip} in "
-                             "127.0.0.0/8")
         roles = ["prefill"] * self.n_prefill + ["decode"] * self.n_decode
-        self.instances = [InstancePlan(role, ".".join(map(str, [*first[:3], first[3] + i])), self.instance_port)
-                          for i, role in enumerate(roles)]
+        self.instances = [InstancePlan(role, ip, self.instance_port)
+                          for role, ip in zip(roles, self.instance_ips(), strict=True)]
         self.token = secrets.token_hex(24)
+
+    def instance_ips(self) -> list[str]:
+        """Consecutive addresses from first_ip, all in 127.0.0.0/8: any of them binds without root.
+        A subclass that places the processes on other hosts gives their addresses instead."""
+        count = self.n_prefill + self.n_decode
+        first = [int(x) for x in self.first_ip.split(".")]
+        if len(first) != 4 or first[0] != 127 or first[3] + count > 255:
+            raise ValueError(f"instances need {count} addresses from {self.first_ip} in 127.0.0.0/8")
+        return [".".join(map(str, [*first[:3], first[3] + i])) for i in range(count)]
+
+    @property
+    def coordinator_ip(self) -> str:
+        return "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.coordinator_ip}:{self.port}"
 
     @property
     def status_url(self) -> str:
-        return f"http://127.0.0.1:{self.port + 4}"
+        return f"http://{self.coordinator_ip}:{self.port + 4}"
 
     def instance_config(self, inst: InstancePlan) -> dict[str, Any]:
         model: dict[str, Any] = dict(self.model_config)
@@ -116,7 +125,7 @@ class LocalCluster:
         }
 
     def coordinator_config(self) -> dict[str, Any]:
-        http = {"predict_ip": "127.0.0.1", "predict_port": str(self.port), "manage_ip": "127.0.0.1",
+        http = {"predict_ip": self.coordinator_ip, "predict_port": str(self.port), "manage_ip": self.coordinator_ip,
                 "manage_port": str(self.port + 1), "alarm_port": str(self.port + 2),
                 "external_port": str(self.port + 3), "status_port": str(self.port + 4)}
         config: dict[str, Any] = {
@@ -163,12 +172,17 @@ class LocalCluster:
         inst = next(i for i in self.instances if i.name == name)
         self._spawn(name, self.instance_command(self.workdir / f"{name}.json"), self.role_env.get(inst.role))
 
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """The command line that starts process `name` (argv itself; a subclass that places the
+        processes on other hosts wraps it)."""
+        return argv
+
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         assert self.workdir is not None
         with open(self.workdir / f"{name}.log", "ab") as log:
             # its own process group: a Ctrl-C at the terminal reaches the launcher only, which
             # then stops every process in order
-            self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+            self.processes[name] = subprocess.Popen(self.command(name, argv), stdout=log, stderr=subprocess.STDOUT,
                                                     start_new_session=True, env={**os.environ, **(env or {})})
 
     def dead(self) -> str | None:

@@ -5,17 +5,15 @@ Needs the P and D roles in the server (`mindie.server.dmi`)."""
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from fakes import free_port
 from helpers.cluster import metric, running
 from helpers.pd import close
+from helpers.pd_routes import CASES, events
 from helpers.server import RunningServer, local_settings
 
 from mindie.coordinator.cluster import LocalCluster
@@ -23,34 +21,6 @@ from mindie.server.dmi import PREEMPT_ENV
 
 pytest.importorskip("mindie.server.dmi", reason="needs the P and D roles (inferMode dmi)")
 
-# what differs between two runs of one request anyway (ids, clocks, timings), and the prefix-cache hits,
-# which depend on what each instance served before
-PER_REQUEST = {"id", "created", "seed", "queue_wait_time", "prefill_time", "decode_time", "prefillTime",
-               "decodeTime", "batch_size", "cached_tokens"}
-GREEDY = {"do_sample": False, "max_new_tokens": 6}
-CHAT = [{"role": "user", "content": "hi"}]
-CASES = [(path, {**body, **({"stream": stream} if "/v2/" not in path else {})}, stream)
-         for stream in (False, True) for path, body in (
-             ("/infer", {"inputs": "hello world", "parameters": GREEDY}),
-             ("/generate", {"prompt": "the cat", "max_tokens": 6, "temperature": 0}),
-             ("/v1/chat/completions", {"model": "tiny", "max_tokens": 6, "temperature": 0, "messages": CHAT}),
-             ("/v2/models/tiny/generate_stream" if stream else "/v2/models/tiny/generate",
-              {"text_input": "hi there", "parameters": GREEDY}))]
-
-
-def _normal(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _normal(v) for k, v in obj.items() if k not in PER_REQUEST}
-    return [_normal(v) for v in obj] if isinstance(obj, list) else obj
-
-
-def _events(raw: bytes, path: str, stream: bool) -> list[Any]:
-    if not stream:
-        return [_normal(json.loads(raw))]
-    if path == "/generate":
-        return [_normal(json.loads(e)) for e in raw.split(b"\0") if e]
-    payloads = [e[5:].strip() for e in re.split(rb"\n\n", raw) if e]
-    return [p.decode() if p == b"[DONE]" else _normal(json.loads(p)) for p in payloads]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +39,7 @@ def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_di
                 one = client.post(single.url + path, json=body)
                 assert pd.status_code == one.status_code == 200, (path, stream, pd.text)
                 assert pd.headers["content-type"] == one.headers["content-type"]
-                assert _events(pd.content, path, stream) == _events(one.content, path, stream), (path, stream)
+                assert events(pd.content, path, stream) == events(one.content, path, stream), (path, stream)
     finally:
         single.close()
 
@@ -96,7 +66,7 @@ def test_a_request_d_sends_back_for_recompute_answers_as_one_instance(recompute_
                 pd = client.post(cluster.url + path, json=body)
                 one = client.post(single.url + path, json=body)
                 assert pd.status_code == one.status_code == 200, (path, stream, pd.text)
-                assert close(_events(pd.content, path, stream), _events(one.content, path, stream), 1e-4), (
+                assert close(events(pd.content, path, stream), events(one.content, path, stream), 1e-4), (
                     path, stream, pd.content, one.content)
             assert metric(client, d, "num_preemptions_total") - before >= len(CASES) - 1
     finally:
