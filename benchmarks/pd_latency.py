@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,22 +31,9 @@ import time
 
 import httpx
 import torch
+from pd_common import MODEL, free_port, local_cluster, pct
 
-from mindie.coordinator.cluster import LocalCluster
-
-MODEL = "SmolLM2-135M-Instruct"
 VOCAB = 49152
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def prompts(n: int, length: int, seed: int) -> list[list[int]]:
@@ -154,8 +140,7 @@ def main() -> None:
                                   "127.0.0.1", "--port", str(port), "--management-host", "127.0.0.1",
                                   "--management-port", str(mport), "--metrics-port", str(free_port("127.0.0.1"))],
                                  stdout=log, stderr=subprocess.STDOUT)
-    cluster = LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.8.2"),
-                           first_ip="127.0.8.2", workdir=None)
+    cluster = local_cluster(1, 1, "127.0.8.2")
     cluster.start()
     sides = {"mixed instance": f"http://127.0.0.1:{port}", "1P1D coordinator": cluster.url}
     try:
