@@ -296,7 +296,10 @@ async def _stream(client: httpx.AsyncClient, url: str, job: Job, t0: float) -> O
             assert isinstance(event, dict)
             if "error" in event:
                 return Outcome(End.FAILED, reply, detail=f"error event after {seen} events: {json.dumps(event)}")
-            job.api.event(event, reply)
+            try:
+                job.api.event(event, reply)
+            except (KeyError, IndexError, TypeError) as exc:
+                return Outcome(End.FAILED, reply, detail=f"unexpected event ({exc!r}): {json.dumps(event)[:500]}")
             seen += 1
             if job.cut_events is not None and seen >= job.cut_events and not reply.done:
                 return Outcome(End.ABORTED, reply)
@@ -317,7 +320,10 @@ async def _whole(client: httpx.AsyncClient, url: str, job: Job) -> Outcome:
     obj = r.json() if r.headers.get("content-type", "").startswith("application/json") else None
     if r.status_code != 200 or not isinstance(obj, dict) or "error" in obj:
         return Outcome(End.FAILED, reply, detail=f"HTTP {r.status_code}: {r.content[:500]!r}")
-    job.api.whole(obj, job.gen, reply)
+    try:
+        job.api.whole(obj, job.gen, reply)
+    except (KeyError, IndexError, TypeError) as exc:
+        return Outcome(End.FAILED, reply, detail=f"unexpected body ({exc!r}): {r.content[:500]!r}")
     reply.done = True
     return Outcome(End.COMPLETED, reply)
 
@@ -326,7 +332,7 @@ async def call(client: httpx.AsyncClient, url: str, job: Job) -> Outcome:
     """One request; a request that hangs stays here until the drain gives up on it (lost)."""
     try:
         return await (_stream(client, url, job, time.perf_counter()) if job.api.stream else _whole(client, url, job))
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a body or event that is not JSON
         return Outcome(End.FAILED, Reply(), detail=f"{type(exc).__name__}: {exc}")
 
 
