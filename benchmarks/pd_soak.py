@@ -407,6 +407,7 @@ class Soak:
     control: httpx.AsyncClient  # metrics and the coordinator's table, kept off the load's connections
     tally: Tally = field(default_factory=Tally)
     references: dict[Check, str] = field(default_factory=dict)
+    died: str | None = None  # a cluster process that exited under load, and when: the load stops
     rss: RssTrace = field(init=False)
 
     def __post_init__(self) -> None:
@@ -443,7 +444,7 @@ class Soak:
             self.references[check] = out.reply.text
 
     async def worker(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.died is None:
             n = self.tally.sent
             job = self.next_job(n)
             out = await self.run(job)
@@ -453,8 +454,12 @@ class Soak:
                     self.tally.mismatches.append(f"{job.check.name}: alone {self.references[job.check]!r}, under "
                                                  f"load {out.reply.text!r}")
 
-    async def metrics(self, inst: InstancePlan) -> dict[str, float]:
-        text = (await self.control.get(f"http://{inst.ip}:{inst.metrics_port}/metrics")).text
+    async def metrics(self, inst: InstancePlan) -> dict[str, float] | None:
+        """The instance's metrics, each summed over its labels; None when it does not answer."""
+        try:
+            text = (await self.control.get(f"http://{inst.ip}:{inst.metrics_port}/metrics")).text
+        except httpx.HTTPError:
+            return None
         sums: dict[str, float] = defaultdict(float)
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -463,10 +468,13 @@ class Soak:
 
     async def preemptions(self) -> float:
         found = [await self.metrics(i) for i in self.cluster.instances if i.role == "decode"]
-        return sum(m["num_preemptions_total"] for m in found)
+        return sum(m["num_preemptions_total"] if m is not None else float("nan") for m in found)
 
-    async def coordinator_requests(self) -> int:
-        info = await self.control.get(f"http://127.0.0.1:{self.cluster.port + 1}/v1/coordinator_info")
+    async def coordinator_requests(self) -> int | None:
+        try:
+            info = await self.control.get(f"http://127.0.0.1:{self.cluster.port + 1}/v1/coordinator_info")
+        except httpx.HTTPError:
+            return None
         return info.json()["request_num"]
 
     async def watch(self, t0: float, preempted_before: float) -> None:
@@ -474,6 +482,10 @@ class Soak:
         next_line = t0 + PROGRESS_S
         while True:
             self.rss.sample()
+            if self.died is None and (dead := self.cluster.dead()) is not None:
+                self.died = (f"{dead} exited with {self.cluster.processes[dead].returncode} after "
+                             f"{time.monotonic() - t0:.0f} s of load (-9 is SIGKILL: the kernel's OOM killer?)")
+                print(f"{self.died}: stopping the load", flush=True)
             if (now := time.monotonic()) >= next_line:
                 next_line += PROGRESS_S
                 t, ends = self.tally, self.tally.ends
@@ -484,17 +496,29 @@ class Soak:
                       f"{t.tokens / (now - t0):.0f} tok/s | recomputed {recomputed:.0f} | RSS MiB {rss}", flush=True)
             await asyncio.sleep(RSS_EVERY_S)
 
-    async def settle(self) -> tuple[float, dict[str, dict[str, float]], int]:
+    async def settle(self) -> tuple[float, dict[str, dict[str, float] | None], int | None]:
         """Polls until every pool is empty and the coordinator holds nothing, or SETTLE_S passes."""
         t0 = time.monotonic()
         while True:
             held = {i.name: await self.metrics(i) for i in self.cluster.instances}
             table = await self.coordinator_requests()
-            busy = any(m["npu_cache_usage_perc"] or m["num_requests_running"] or m["num_requests_waiting"]
-                       for m in held.values())
+            busy = any(m is None or m["npu_cache_usage_perc"] or m["num_requests_running"] or
+                       m["num_requests_waiting"] for m in held.values())
             if (not busy and table == 0) or time.monotonic() - t0 > SETTLE_S:
                 return time.monotonic() - t0, held, table
             await asyncio.sleep(0.25)
+
+
+@dataclass(frozen=True)
+class Aftermath:
+    """What the run left behind, measured once the load stopped."""
+
+    load_s: float  # the load and its drain
+    recomputed: float
+    lost: dict[int, str]
+    settle_s: float
+    held: dict[str, dict[str, float] | None]  # per instance; None when it did not answer
+    table: int | None  # requests in the coordinator's table; None when it did not answer
 
 
 async def soak(cluster: LocalCluster, args: argparse.Namespace) -> list[str]:
@@ -520,21 +544,19 @@ async def soak(cluster: LocalCluster, args: argparse.Namespace) -> list[str]:
         settle_s, held, table = await s.settle()
         s.rss.sample()
         watcher.cancel()
-        return report(s, args, load_s, recomputed, lost, settle_s, held, table)
+        return report(s, args, Aftermath(load_s, recomputed, lost, settle_s, held, table))
 
 
-def report(s: Soak, args: argparse.Namespace, load_s: float, recomputed: float, lost: dict[int, str],
-           settle_s: float, held: dict[str, dict[str, float]], table: int) -> list[str]:
-    t = s.tally
-    ends = t.ends
+def report(s: Soak, args: argparse.Namespace, after: Aftermath) -> list[str]:
+    t, ends = s.tally, s.tally.ends
     print(f"\n=== soak: {args.prefill}P{args.decode}D, {args.streams} streams, {args.minutes:g} min of load "
-          f"({load_s:.0f} s with the drain), abort rate {args.abort_rate:g}, {PREEMPT_ENV}={args.preempt_at}")
+          f"({after.load_s:.0f} s with the drain), abort rate {args.abort_rate:g}, {PREEMPT_ENV}={args.preempt_at}")
     print(f"requests: sent {t.sent} (of which {len(CHECKS)} references alone), completed {ends[End.COMPLETED]}, "
           f"aborted by the client {ends[End.ABORTED]}, failed {ends[End.FAILED]}, lost {t.lost}")
     for name, c in sorted(t.by_api.items()):
         print(f"  {name:19s} completed {c[End.COMPLETED]:4d} aborted {c[End.ABORTED]:3d} failed {c[End.FAILED]:3d}")
-    print(f"recomputed (decode nodes' num_preemptions): {recomputed:.0f}")
-    print(f"output tokens served: {t.tokens} in {load_s:.0f} s = {t.tokens / load_s:.1f} tok/s")
+    print(f"recomputed (decode nodes' num_preemptions): {after.recomputed:.0f}")
+    print(f"output tokens served: {t.tokens} in {after.load_s:.0f} s = {t.tokens / after.load_s:.1f} tok/s")
     print(f"TTFT of completed streams ({len(t.ttfts)}): p50 {pct(t.ttfts, 0.5) * 1e3:.0f} ms, "
           f"p90 {pct(t.ttfts, 0.9) * 1e3:.0f} ms")
     print(f"greedy checks under load: {t.checks} compared with their answer alone, {len(t.mismatches)} mismatched")
@@ -542,27 +564,38 @@ def report(s: Soak, args: argparse.Namespace, load_s: float, recomputed: float, 
     for name in s.rss.pids:
         start, peak, end, slope = s.rss.summary(name)
         print(f"  {name:22s} {start:7.0f} / {peak:7.0f} / {end:7.0f}   {slope:+7.2f} MiB/min")
-    print(f"after the load (checked for {settle_s:.1f} s): coordinator requests in flight {table}")
-    for name, m in held.items():
-        print(f"  {name:22s} npu_cache_usage_perc {m['npu_cache_usage_perc']:.4f}, running "
-              f"{m['num_requests_running']:.0f}, waiting {m['num_requests_waiting']:.0f}")
-    problems = []
-    for title, items in (("failed", t.failures), ("lost", list(lost.values())), ("mismatched", t.mismatches)):
+    table = "no answer" if after.table is None else after.table
+    print(f"after the load (checked for {after.settle_s:.1f} s): coordinator requests in flight {table}")
+    for name, m in after.held.items():
+        state = "no answer" if m is None else (
+            f"npu_cache_usage_perc {m['npu_cache_usage_perc']:.4f}, running {m['num_requests_running']:.0f}, "
+            f"waiting {m['num_requests_waiting']:.0f}")
+        print(f"  {name:22s} {state}")
+    problems = [s.died] if s.died else []
+    for title, items in (("failed", t.failures), ("lost", list(after.lost.values())), ("mismatched", t.mismatches)):
         if items:
             problems.append(f"{len(items)} {title}")
             print(f"{title}:")
             for item in items:
                 print(f"  {item}")
-    if t.lost != len(lost):
-        problems.append(f"{t.lost} lost, {len(lost)} of them known")
-    if any(m["npu_cache_usage_perc"] for m in held.values()):
-        problems.append("KV blocks still held")
-    if table:
-        problems.append(f"{table} requests left in the coordinator's table")
+    if t.lost != len(after.lost):
+        problems.append(f"{t.lost} lost, {len(after.lost)} of them known")
+    if any(m is None or m["npu_cache_usage_perc"] for m in after.held.values()):
+        problems.append("KV blocks still held (or an instance did not answer)")
+    if after.table != 0:
+        problems.append(f"the coordinator's table holds {table} requests")
     return problems
 
 
 LOG_PROBLEM = re.compile(r"Traceback|\b(ERROR|CRITICAL)\b")
+
+
+def excerpt(lines: list[str], k: int) -> list[str]:
+    """Line k; for a traceback, its head and its last frames down to the exception line."""
+    if not lines[k].startswith("Traceback"):
+        return [lines[k]]
+    end = next((j for j in range(k + 1, len(lines)) if not lines[j].startswith(" ")), len(lines) - 1)
+    return [lines[k], *(["  ..."] if end - 8 > k + 1 else []), *lines[max(k + 1, end - 8):end + 1]]
 
 
 def scan_logs(cluster: LocalCluster) -> list[str]:
@@ -575,9 +608,11 @@ def scan_logs(cluster: LocalCluster) -> list[str]:
         warnings = sum(" WARNING " in line for line in lines)
         print(f"  {name:22s} exit {proc.returncode}, {len(hits)} error/traceback lines, {warnings} warnings")
         for k in hits[:3]:
-            print("    | " + "\n    | ".join(lines[k:k + (15 if "Traceback" in lines[k] else 1)]))
+            print("    | " + "\n    | ".join(excerpt(lines, k)))
         if hits:
             problems.append(f"{len(hits)} error lines in {name}.log")
+        if proc.returncode:
+            problems.append(f"{name} exited with {proc.returncode}")
     return problems
 
 
@@ -608,8 +643,6 @@ def main() -> None:
     try:
         cluster.wait_ready()
         problems = asyncio.run(soak(cluster, args))
-        if (dead := cluster.dead()) is not None:
-            problems.append(f"{dead} exited during the run")
     finally:
         cluster.stop()
         print("processes and logs:")
