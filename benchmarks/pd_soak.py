@@ -408,6 +408,7 @@ class Soak:
     tally: Tally = field(default_factory=Tally)
     references: dict[Check, str] = field(default_factory=dict)
     died: str | None = None  # a cluster process that exited under load, and when: the load stops
+    kv_peak: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # instance -> max cache usage
     rss: RssTrace = field(init=False)
 
     def __post_init__(self) -> None:
@@ -478,10 +479,13 @@ class Soak:
         return info.json()["request_num"]
 
     async def watch(self, t0: float, preempted_before: float) -> None:
-        """RSS every RSS_EVERY_S, a progress line every PROGRESS_S, until cancelled."""
+        """RSS and KV usage every RSS_EVERY_S, a progress line every PROGRESS_S, until cancelled."""
         next_line = t0 + PROGRESS_S
         while True:
             self.rss.sample()
+            for inst in self.cluster.instances:
+                if (m := await self.metrics(inst)) is not None:
+                    self.kv_peak[inst.name] = max(self.kv_peak[inst.name], m["npu_cache_usage_perc"])
             if self.died is None and (dead := self.cluster.dead()) is not None:
                 self.died = (f"{dead} exited with {self.cluster.processes[dead].returncode} after "
                              f"{time.monotonic() - t0:.0f} s of load (-9 is SIGKILL: the kernel's OOM killer?)")
@@ -559,6 +563,8 @@ def report(s: Soak, args: argparse.Namespace, after: Aftermath) -> list[str]:
     print(f"output tokens served: {t.tokens} in {after.load_s:.0f} s = {t.tokens / after.load_s:.1f} tok/s")
     print(f"TTFT of completed streams ({len(t.ttfts)}): p50 {pct(t.ttfts, 0.5) * 1e3:.0f} ms, "
           f"p90 {pct(t.ttfts, 0.9) * 1e3:.0f} ms")
+    peaks = ", ".join(f"{name} {peak:.1%}" for name, peak in s.kv_peak.items())
+    print(f"KV cache usage peak (npu_cache_usage_perc, sampled every {RSS_EVERY_S} s): {peaks}")
     print(f"greedy checks under load: {t.checks} compared with their answer alone, {len(t.mismatches)} mismatched")
     print(f"RSS (MiB), sampled every {RSS_EVERY_S} s: start / max / end, slope over the second half")
     for name in s.rss.pids:
