@@ -14,9 +14,12 @@ prompts whose answer must equal, token for token, the answer it got alone before
 
 Prints a progress line every PROGRESS_S, and at the end: requests sent, completed, aborted by the
 client, recomputed (the decode nodes' num_preemptions), failed (a non-200 or an error event, each
-listed), lost (sent but none of those: must be 0), output tokens/s, TTFT, each process's RSS over
-time, and once the load has stopped whether every KV block is back in every pool and the
-coordinator holds no request. Exits 1 if anything was lost, failed, mismatched or stayed held.
+listed), lost (sent but none of those: must be 0), output tokens/s, TTFT, peak KV cache usage,
+each process's RSS over time (start, max, end, slope over the second half), and once the load has
+stopped whether every KV block is back in every pool and the coordinator's table
+(/v1/coordinator_info on its manage port) is empty; then each process's exit status and any error
+or traceback in its log. A cluster process that exits stops the load. Exits 1 if anything was lost,
+failed, mismatched or stayed held, or a process crashed or logged an error.
 """
 
 from __future__ import annotations
@@ -400,7 +403,6 @@ def random_words(rng: random.Random, n: int) -> str:
 @dataclass
 class Soak:
     cluster: LocalCluster
-    streams: int
     abort_rate: float
     rng: random.Random
     client: httpx.AsyncClient  # the load
@@ -531,7 +533,7 @@ async def soak(cluster: LocalCluster, args: argparse.Namespace) -> list[str]:
     timeout = httpx.Timeout(30, read=None)  # a hang is the drain's to catch, and then it is lost
     async with (httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client,
                 httpx.AsyncClient(timeout=10, trust_env=False) as control):
-        s = Soak(cluster, args.streams, args.abort_rate, random.Random(args.seed), client, control)
+        s = Soak(cluster, args.abort_rate, random.Random(args.seed), client, control)
         await s.references_alone()
         preempted_before = await s.preemptions()
         t0 = time.monotonic()
