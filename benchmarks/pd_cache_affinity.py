@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pd_common import MODEL, free_port, pct, stream_openai
+from pd_common import MODEL, local_cluster, pct, stream_openai
 
-from mindie.coordinator.cluster import InstancePlan, LocalCluster
+from mindie.coordinator.cluster import InstancePlan
 from mindie.coordinator.instances import STATUS_POLL_S
 
 FIRST_IP = "127.0.9.60"
@@ -107,9 +107,8 @@ async def drive(url: str, docs: list[str], pauses: list[list[float]], answer_tok
 
 
 def run(algorithm: str, docs: list[str], pauses: list[list[float]], args: argparse.Namespace, workdir: Path) -> Run:
-    cluster = LocalCluster(2, 1, port=free_port("127.0.0.1"), instance_port=free_port(FIRST_IP), first_ip=FIRST_IP,
-                           workdir=workdir,
-                           coordinator_overrides={"digs_scheduler_config": {"algorithm_type": algorithm}})
+    cluster = local_cluster(2, 1, FIRST_IP, workdir=workdir,
+                            coordinator_overrides={"digs_scheduler_config": {"algorithm_type": algorithm}})
     cluster.start()
     try:
         cluster.wait_ready(timeout_s=600)

@@ -1,5 +1,6 @@
-"""Shared by the PD benchmarks: free ports, percentiles, and one streamed OpenAI request timed from
-the client's side (completions or chat)."""
+"""Shared by the PD benchmarks (pd_latency.py, pd_cache_affinity.py, pd_soak.py): free ports,
+percentiles, a LocalCluster on free ports, and one streamed OpenAI request timed from the client's
+side (completions or chat)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from mindie.coordinator.cluster import LocalCluster
 
 MODEL = "SmolLM2-135M-Instruct"  # the embedded default model
 
@@ -23,6 +26,12 @@ def free_port(host: str) -> int:
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def local_cluster(n_prefill: int, n_decode: int, first_ip: str, **fields: Any) -> LocalCluster:
+    """A LocalCluster on free ports: the coordinator's on 127.0.0.1, the instances' on first_ip.."""
+    return LocalCluster(n_prefill, n_decode, port=free_port("127.0.0.1"), instance_port=free_port(first_ip),
+                        first_ip=first_ip, **fields)
 
 
 @dataclass(frozen=True)

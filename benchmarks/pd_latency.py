@@ -31,9 +31,7 @@ import time
 
 import httpx
 import torch
-from pd_common import MODEL, Streamed, free_port, pct, stream_openai
-
-from mindie.coordinator.cluster import LocalCluster
+from pd_common import MODEL, Streamed, free_port, local_cluster, pct, stream_openai
 
 VOCAB = 49152
 
@@ -122,8 +120,7 @@ def main() -> None:
                                   "127.0.0.1", "--port", str(port), "--management-host", "127.0.0.1",
                                   "--management-port", str(mport), "--metrics-port", str(free_port("127.0.0.1"))],
                                  stdout=log, stderr=subprocess.STDOUT)
-    cluster = LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.8.2"),
-                           first_ip="127.0.8.2", workdir=None)
+    cluster = local_cluster(1, 1, "127.0.8.2")
     cluster.start()
     sides = {"mixed instance": f"http://127.0.0.1:{port}", "1P1D coordinator": cluster.url}
     try:
