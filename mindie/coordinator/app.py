@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -41,6 +41,14 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise _TooLarge()
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # it went away while sending its body: nobody reads this
+
+
+def _app(routes: list[Route]) -> Starlette:
+    return Starlette(routes=routes, exception_handlers={ClientDisconnect: _client_gone})
 
 
 def _too_large(family: Family, limit: int) -> Response:
@@ -137,7 +145,7 @@ def predict_app(coord: Coordinator) -> Starlette:
     routes = [Route(path, _inference(coord, family), methods=["POST"]) for path, family in INFERENCE_ROUTES]
     routes.append(Route("/v1/tokenizer", _tokenizer(coord), methods=["POST"]))
     routes.append(Route("/v2/models/{model}/stopInfer", _stop_infer(coord), methods=["POST"]))
-    return Starlette(routes=routes)
+    return _app(routes)
 
 
 def manage_app(coord: Coordinator) -> Starlette:
@@ -213,7 +221,7 @@ def manage_app(coord: Coordinator) -> Starlette:
         busy = any(t.p is p and t.d is d for t in coord.table)
         return JSONResponse({"is_end": not busy})
 
-    return Starlette(routes=[
+    return _app([
         Route("/v1/instances/refresh", refresh, methods=["POST"]),
         Route("/v1/instances/online", switch(True), methods=["POST"]),
         Route("/v1/instances/offline", switch(False), methods=["POST"]),
@@ -231,7 +239,7 @@ def status_app(coord: Coordinator) -> Starlette:
     async def ready(request: Request) -> Response:
         return Response(status_code=200 if coord.registry.ready else 503)
 
-    return Starlette(routes=[
+    return _app([
         Route("/v1/startup", alive, methods=["GET"]),
         Route("/v1/health", alive, methods=["GET"]),
         Route("/v1/readiness", ready, methods=["GET"]),
@@ -248,7 +256,7 @@ def external_app(coord: Coordinator) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(await aggregator.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+    return _app([Route("/metrics", metrics, methods=["GET"])])
 
 
 def build_apps(coord: Coordinator) -> dict[tuple[str, int], Starlette]:

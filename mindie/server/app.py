@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -176,7 +176,7 @@ def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Re
             return error_response(APIError(422, message, param).for_style(spec.style), spec.style)
         except GenerationTimeout as exc:
             return error_response(APIError(500, str(exc)), spec.style)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):
             return Response(status_code=499)  # nobody is listening any more
         except Exception:
             log.exception("unhandled error in %s %s", spec.method, spec.path)

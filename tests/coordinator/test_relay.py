@@ -467,3 +467,22 @@ def test_an_unreachable_p_is_a_500_and_leaves_the_schedule(monkeypatch: pytest.M
             assert (await c.client.post(c.url + "/infer", json={"inputs": "x"})).status_code == 503
 
     run(scenario())
+
+
+def test_a_client_gone_while_sending_its_body_leaves_no_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    async def scenario() -> None:
+        async with cluster() as c:
+            cfg = c.coord.config
+            _, writer = await asyncio.open_connection(cfg.predict_ip, cfg.predict_port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\":")
+            await writer.drain()
+            writer.close()
+            await asyncio.sleep(0.3)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x"})
+            assert reply.status_code == 200  # the coordinator goes on serving
+            assert len(c.coord.table) == 0
+
+    run(scenario())
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ClientDisconnect" not in err, err
