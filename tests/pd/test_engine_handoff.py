@@ -38,6 +38,13 @@ def token_ids(outs: list[RequestOutput]) -> list[int]:
     return [t for o in outs for t in o.new_token_ids]
 
 
+def alone(loaded, prompt: list[int], params: SamplingParams) -> list[RequestOutput]:
+    """The request's outputs on one engine, never handed off: what every split must reproduce."""
+    single = engine(loaded)
+    single.add_request(EngineRequest("r", prompt, params))
+    return drain(single)
+
+
 def continuation(outs: list[RequestOutput]) -> Continuation:
     return Continuation(token_ids(outs), outs[-1].seed, outs[-1].cumulative_logprob)
 
@@ -64,9 +71,7 @@ def hand_over(p: LLMEngine, d: LLMEngine, request: EngineRequest, first: Request
 ], ids=["greedy", "seeded"])
 def test_handoff_continues_exactly(loaded, params):
     prompt = list(range(3, 3 + 10))  # 10 tokens: 3 blocks of 4, the last partly full
-    single = engine(loaded)
-    single.add_request(EngineRequest("r", prompt, params))
-    expected = drain(single)
+    expected = alone(loaded, prompt, params)
 
     p, d = engine(loaded), engine(loaded)
     p.add_request(EngineRequest("r", prompt, params, handoff=True))
@@ -120,9 +125,7 @@ def test_reservation_refused_or_dropped(loaded):
 ], ids=["greedy", "seeded"])
 def test_a_request_sent_back_for_recompute_continues_exactly(loaded, params):
     prompt = list(range(7, 7 + 9))
-    single = engine(loaded)
-    single.add_request(EngineRequest("r", prompt, params))
-    expected = drain(single)
+    expected = alone(loaded, prompt, params)
 
     p1, d1 = engine(loaded), engine(loaded)
     p1.add_request(EngineRequest("r", prompt, params, handoff=True))
