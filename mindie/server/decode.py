@@ -29,7 +29,7 @@ from mindie.engine.commands import DropReserved
 from mindie.engine.request import Continuation, FinishReason
 from mindie.pd.http import PeerError, post_json
 from mindie.pd.params import DecodeParams
-from mindie.pd.recompute import retry_body
+from mindie.pd.recompute import RecomputeError, retry_body
 from mindie.pd.records import EPOCH_HEADER, KV_TIMEOUT_HEADER, RecordKind, encode
 from mindie.pd.transport import PullStatus
 from mindie.server.dmi import PDNode
@@ -171,8 +171,12 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
             ctx.forget(req_id)
     if retry is not None:  # only now: the req-id is free here again when the recompute comes back
         log.info("request %s was preempted: sent back for recompute", req_id)
-        body = retry_body(params.msg_type, params.body, params.tokens, retry, renderer.carried())
-        node.dispatcher.push(encode(req_id, RecordKind.RETRY, body))
+        try:
+            record = encode(req_id, RecordKind.RETRY, retry_body(params.msg_type, params.body, params.tokens, retry,
+                                                                 renderer.carried()))
+        except RecomputeError as exc:  # MindIE: "Try to do recompute but it is not supported."
+            record = encode(req_id, RecordKind.ERROR, f"Try to do recompute but it is not supported: {exc}")
+        node.dispatcher.push(record)
 
 
 async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
