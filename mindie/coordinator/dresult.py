@@ -106,19 +106,21 @@ class DResultLink:
         if self.epoch is not None and epoch != self.epoch:
             log.warning("%s is another process than before (it restarted): its requests in flight are lost",
                         self.d.spec.name)
-            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} restarted; "
-                                           "the request was lost")
+            self._fail_requests("restarted; the request was lost")
         self.epoch = epoch
         try:
             self.grace_s = 2 * float(headers.get(KV_TIMEOUT_HEADER, DEFAULT_KV_TIMEOUT_S))
         except ValueError:
             self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
 
+    def _fail_requests(self, why: str) -> None:
+        self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} {why}")
+
     def _grace_over(self) -> None:
         self._grace = None
         if not self.d.linked:
             log.error("%s's /dresult has been down for %g s: failing its requests", self.d.spec.name, self.grace_s)
-            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} is unreachable")
+            self._fail_requests("is unreachable")
 
     def _lost(self, reason: str) -> None:
         self.failures += 1
@@ -134,4 +136,4 @@ class DResultLink:
         if self.failures > self.max_retry and not self.d.faulty:
             self.d.faulty = True
             log.error("%s is faulty: /dresult could not be re-linked %d times", self.d.spec.name, self.max_retry)
-            self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} is unreachable")
+            self._fail_requests("is unreachable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -102,3 +103,13 @@ def close(a: Any, b: Any, tol: float) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(close(x, y, tol) for x, y in zip(a, b))
     return a == b
+
+
+def blocks_back(*servers: RunningServer, timeout: float = 5) -> None:
+    """Waits until no KV block is in use on any of the servers (in-process ones)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if all(s.ctx.engine.stats.used_blocks == 0 for s in servers):
+            return
+        time.sleep(0.02)
+    raise AssertionError([s.ctx.engine.stats for s in servers])

@@ -8,11 +8,10 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
 
 import httpx
 import pytest
-from helpers.pd import DResultReader, close, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
+from helpers.pd import DResultReader, blocks_back, close, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
 from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind
@@ -109,14 +108,6 @@ def through_pd(p, d, reader, path: str, body: dict, stream: bool) -> tuple[bytes
             payload, headers = records[-1].body, {**headers, "is-recompute": "true"}
             continue
         return output + records[-1].body, True
-
-
-def blocks_back(*servers) -> None:
-    for _ in range(200):
-        if all(s.ctx.engine.stats.used_blocks == 0 for s in servers):
-            return
-        time.sleep(0.02)
-    raise AssertionError([s.ctx.engine.stats for s in servers])
 
 
 PREEMPT_AT = 3

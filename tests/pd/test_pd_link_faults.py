@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 from helpers.fault_proxy import FaultProxy, Mode
-from helpers.pd import dmi_settings, envelope, pd_headers, pd_pair_of
+from helpers.pd import blocks_back, dmi_settings, envelope, pd_headers, pd_pair_of
 
 from mindie.pd.records import RecordKind
 
@@ -42,13 +42,6 @@ def send(p, d, reader) -> tuple[list, float]:
     handed = time.monotonic()
     records = reader.until(req_id, timeout=10 * KV_TIMEOUT_S)
     return records, time.monotonic() - handed
-
-
-def blocks_back(*servers) -> None:
-    deadline = time.monotonic() + 4 * KV_TIMEOUT_S
-    while any(s.ctx.engine.stats.used_blocks for s in servers):
-        assert time.monotonic() < deadline, [s.ctx.engine.stats for s in servers]
-        time.sleep(0.02)
 
 
 def link_state(server) -> str:

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from helpers.pd import TOKEN, DResultReader, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
+from helpers.pd import TOKEN, DResultReader, blocks_back, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
 from helpers.server import RunningServer, free_port
 
 from mindie.engine.commands import DropReserved
@@ -26,15 +26,6 @@ from mindie.pd.transport import KVHandle
 from mindie.server.results import StreamItem
 
 COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-
-
-def blocks_back(*servers, timeout: float = 5) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if all(s.ctx.engine.stats.used_blocks == 0 for s in servers):
-            return
-        time.sleep(0.02)
-    raise AssertionError([s.ctx.engine.stats for s in servers])
 
 
 @pytest.fixture(scope="module")
