@@ -4,12 +4,16 @@
 
 GEMV (batch 1): every projection of the model back to back, as one decode step reads them (more bytes
 than the last-level cache holds), in GB/s of weight bytes and as a share of the measured read
-bandwidth. GEMM: one layer's gate projection at 16 and 512 rows, in GFLOP/s. Once per ISA variant.
+bandwidth. GEMM: one layer's gate and down projections at 16 and 512 rows, in GFLOP/s, with int8
+activations and, where the variant has native bf16 dot products, bf16 ones; beside them torch's bf16
+`linear` over a dense bf16 copy of the same matrix (the `--quantization none --dtype bfloat16`
+path). Once per ISA variant.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from common import bench, memory_read_bandwidth
 
 from mindie import _C, ops
@@ -25,6 +29,7 @@ def main() -> None:
     inputs = {k: ops.quantize_activations(torch.randn(1, k)) for k in {w.cols for w in weights}}
     outs = {id(w): torch.empty(1, w.rows) for w in weights}
     gate = model.matrices["model.layers.0.mlp.gate_proj.weight"]
+    down = model.matrices["model.layers.0.mlp.down_proj.weight"]
     for isa in _C.available_isas():
         _C.set_isa(isa)
 
@@ -36,12 +41,24 @@ def main() -> None:
         t = bench(step, min_time=1.0 if isa != "scalar" else 0.0, warmup=1)
         print(f"[{isa}] GEMV, all {len(weights)} matrices ({total / 1e6:.0f} MB): {t * 1e3:7.2f} ms, "
               f"{total / t / 1e9:5.1f} GB/s = {100 * total / t / bandwidth:3.0f}% of read bandwidth")
-        for m in (16, 512):
-            q, d = ops.quantize_activations(torch.randn(m, gate.cols))
-            t = bench(lambda: ops.qmatmul(q, d, gate.data, gate.ggml_type), min_time=0.3, warmup=1)
-            flops = 2 * m * gate.rows * gate.cols
-            print(f"[{isa}] GEMM {gate.format_name} [{m} x {gate.cols}] x [{gate.cols} x {gate.rows}]: "
-                  f"{t * 1e3:7.2f} ms, {flops / t / 1e9:6.1f} GFLOP/s")
+        for w in (gate, down):
+            for m in (16, 512):
+                x = torch.randn(m, w.cols)
+                q, d = ops.quantize_activations(x)
+                forms = {"int8": lambda: ops.qmatmul(q, d, w.data, w.ggml_type)}
+                if _C.qmatmul_bf16_native():
+                    xb = x.bfloat16()
+                    forms["bf16"] = lambda: ops.qmatmul_bf16(xb, w.data, w.ggml_type)
+                flops = 2 * m * w.rows * w.cols
+                figures = ", ".join(f"{name} {flops / bench(fn, min_time=0.3, warmup=1) / 1e9:6.1f}"
+                                    for name, fn in forms.items())
+                print(f"[{isa}] GEMM {w.format_name} [{m} x {w.cols}] x [{w.cols} x {w.rows}] GFLOP/s: {figures}")
+    for w in (gate, down):
+        dense = ops.dequantize(w.data, w.ggml_type, w.cols).bfloat16()
+        xb = torch.randn(512, w.cols).bfloat16()
+        t = bench(lambda: F.linear(xb, dense), min_time=0.3, warmup=1)
+        print(f"[torch] bf16 linear [512 x {w.cols}] x [{w.cols} x {w.rows}] over a dense copy: "
+              f"{2 * 512 * w.rows * w.cols / t / 1e9:6.1f} GFLOP/s")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ class LlamaForwardHandle {
     s.attn_scale = shape["attn_scale"].cast<float>();
     s.block_size = shape["block_size"].cast<int>();
     s.kv_dtype = shape["kv_dtype"].cast<std::string>() == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
+    s.bf16_prompts = shape["bf16_prompts"].cast<bool>();
     Tensor cos_sin(shape["cos_sin"], "cos_sin");
     cos_sin.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim");
     s.cos_sin = cos_sin.ptr<float>();
@@ -86,7 +87,7 @@ class LlamaForwardHandle {
   }
 
   void run(py::handle logits_obj, py::handle ids_obj, py::handle pos_obj, py::handle slots_obj, py::handle tables_obj,
-           py::handle starts_obj, py::handle lens_obj, py::handle rows_obj) {
+           py::handle starts_obj, py::handle lens_obj, py::handle rows_obj, py::handle prompt_lens_obj) {
     Tensor logits(logits_obj, "logits"), ids(ids_obj, "input_ids"), pos(pos_obj, "positions"),
         slots(slots_obj, "slot_mapping"), tables(tables_obj, "block_tables"), starts(starts_obj, "query_start_loc"),
         lens(lens_obj, "seq_lens"), rows(rows_obj, "logits_indices");
@@ -122,8 +123,14 @@ class LlamaForwardHandle {
     }
     for (int64_t r = 0; r < R; ++r)
       if (rows.ptr<int64_t>()[r] < 0 || rows.ptr<int64_t>()[r] >= T) fail("logits_indices: out of range");
+    const int32_t* prompt_lens = nullptr;
+    if (!prompt_lens_obj.is_none()) {
+      Tensor pl(prompt_lens_obj, "prompt_lens");
+      pl.expect(ElemType::kInt32).expect_ndim(1).expect_contiguous().expect_size(0, S, "sequences");
+      prompt_lens = pl.ptr<int32_t>();
+    }
     kc::LlamaBatch b{ids.ptr<int64_t>(), T, pos.ptr<int64_t>(), slots.ptr<int64_t>(), tables.ptr<int32_t>(), width,
-                     st, lens.ptr<int32_t>(), S, rows.ptr<int64_t>(), R, logits.ptr<float>()};
+                     st, lens.ptr<int32_t>(), S, rows.ptr<int64_t>(), R, logits.ptr<float>(), prompt_lens};
     py::gil_scoped_release nogil;
     step_->run(b);
   }
@@ -177,8 +184,9 @@ void bind_forward(py::module_& m) {
       .def("set_kv_caches", &LlamaForwardHandle::set_kv_caches, py::arg("keys"), py::arg("values"))
       .def("run", &LlamaForwardHandle::run, py::arg("logits"), py::arg("input_ids"), py::arg("positions"),
            py::arg("slot_mapping"), py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
-           py::arg("logits_indices"),
-           "Runs one step; logits [len(logits_indices), vocab] float32 are written in place.");
+           py::arg("logits_indices"), py::arg("prompt_lens") = py::none(),
+           "Runs one step; logits [len(logits_indices), vocab] float32 are written in place. prompt_lens "
+           "(int32 [sequences]): a row whose position is below its sequence's is a prompt token.");
 }
 
 }  // namespace mindie::host

@@ -346,3 +346,19 @@ def qmatmul(xq: torch.Tensor, xd: torch.Tensor, weight: torch.Tensor, ggml_type:
     out = torch.empty(xq.shape[0], weight.shape[0], dtype=torch.float32)
     _C.qmatmul(out, xq, xd, weight, ggml_type, bias)
     return out
+
+
+def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """bfloat16 [m, k] of float32 x [m, k], rounded to nearest even."""
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    _C.round_to_bf16(out, x)
+    return out
+
+
+def qmatmul_bf16(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [m, n] = bfloat16 x [m, k] times the GGUF-block weight [n, row_bytes]^T, each weight rounded to
+    bfloat16."""
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    _C.qmatmul_bf16(out, x, weight, ggml_type, bias)
+    return out

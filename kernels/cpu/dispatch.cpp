@@ -19,6 +19,9 @@
 #ifndef MINDIE_HAVE_AVX512
 #define MINDIE_HAVE_AVX512 0
 #endif
+#ifndef MINDIE_HAVE_AVX512_BF16
+#define MINDIE_HAVE_AVX512_BF16 0
+#endif
 
 namespace mindie::kernels::cpu {
 
@@ -122,6 +125,14 @@ bool cpu_has_avx512_vnni() {
 }
 
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
+
+bool qmatmul_bf16_native() {
+#if MINDIE_HAVE_AVX512_BF16
+  return active_isa() == Isa::kAvx512 && cpu_has_avx512_bf16();
+#else
+  return false;
+#endif
+}
 
 void set_active_isa(Isa isa) {
   for (Isa ok : available_isas())

@@ -61,7 +61,50 @@ void LlamaForward::set_kv_caches(std::vector<void*> keys, std::vector<void*> val
   value_caches_ = std::move(values);
 }
 
-void LlamaForward::project(const float* x, int64_t m, int64_t k, std::initializer_list<Target> targets) {
+void LlamaForward::split_rows(const LlamaBatch& b, const int64_t* rows, int64_t m, RowForms& forms) const {
+  forms.bf16.clear();
+  forms.int8.clear();
+  forms.all_bf16 = false;
+  if (!shape_.bf16_prompts || b.prompt_lens == nullptr || !qmatmul_bf16_native()) return;
+  int64_t seq = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t t = rows != nullptr ? rows[i] : i;
+    // Rows ascend (logits_indices: within each of its two runs), so the search mostly moves forward.
+    if (i == 0 || (rows != nullptr && t < rows[i - 1])) seq = 0;
+    while (b.query_start_loc[seq + 1] <= t) ++seq;
+    (b.positions[t] < b.prompt_lens[seq] ? forms.bf16 : forms.int8).push_back(static_cast<int32_t>(i));
+  }
+  forms.all_bf16 = forms.int8.empty();
+  if (forms.bf16.empty() || forms.int8.empty()) {
+    forms.bf16.clear();
+    forms.int8.clear();
+  }
+}
+
+void LlamaForward::qmatmul_rows(QMatmulArgs q, const float* x, int64_t k, const std::vector<int32_t>* rows, bool bf16) {
+  if (rows != nullptr) {
+    q.m = static_cast<int64_t>(rows->size());
+    float* g = sized(gathered_, q.m * k);
+    for (int64_t i = 0; i < q.m; ++i) std::memcpy(g + i * k, x + (*rows)[i] * k, k * sizeof(float));
+    x = g;
+    q.out_rows = rows->data();
+  }
+  if (bf16) {
+    bf16_t* xb = sized(xb_, q.m * k);
+    round_to_bf16({x, q.m, k, k, xb});
+    q.xb = xb;
+  } else {
+    int8_t* xq = sized(xq_, 2 * q.m * k);
+    float* xd = sized(xd_, q.m * k / 32);
+    quantize_activations({x, q.m, k, k, xq, xd});
+    q.xq = xq;
+    q.xd = xd;
+  }
+  qmatmul(q);
+}
+
+void LlamaForward::project(const float* x, int64_t m, int64_t k, const RowForms& forms,
+                           std::initializer_list<Target> targets) {
   QMatmulArgs q{};
   q.m = m;
   q.k = k;
@@ -76,12 +119,9 @@ void LlamaForward::project(const float* x, int64_t m, int64_t k, std::initialize
         for (int64_t i = 0; i < t.w->rows; ++i) t.out[r * t.out_stride + i] += t.bias[i];
   }
   if (q.num_targets == 0) return;
-  int8_t* xq = sized(xq_, 2 * m * k);
-  float* xd = sized(xd_, m * k / 32);
-  quantize_activations({x, m, k, k, xq, xd});
-  q.xq = xq;
-  q.xd = xd;
-  qmatmul(q);
+  if (forms.bf16.empty()) return qmatmul_rows(q, x, k, nullptr, forms.all_bf16);
+  qmatmul_rows(q, x, k, &forms.int8, false);
+  qmatmul_rows(q, x, k, &forms.bf16, true);
 }
 
 void LlamaForward::embed_rows(const LlamaBatch& b) {
@@ -120,12 +160,15 @@ void LlamaForward::run(const LlamaBatch& b) {
   float* gate_up = sized(gate_up_, T * 2 * inter);
   float* act = sized(act_, T * inter);
   std::memcpy(residual, hidden, T * h * sizeof(float));
+  split_rows(b, nullptr, T, token_forms_);
+  split_rows(b, b.logits_indices, b.num_logits, logit_forms_);
+  const RowForms& forms = token_forms_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const LlamaLayerWeights& L = layers_[li];
     // Layer 0 normalises the embedding (already in the residual); later layers add their input first.
     rms_norm({x, li == 0 ? residual : hidden, li == 0 ? nullptr : residual, L.input_norm, T, h, h, h, h, s.eps,
               DType::kFloat32, DType::kFloat32});
-    project(x, T, h, {{&L.q, L.q_bias, qkv, qkv_w}, {&L.k, L.k_bias, qkv + qsz, qkv_w},
+    project(x, T, h, forms, {{&L.q, L.q_bias, qkv, qkv_w}, {&L.k, L.k_bias, qkv + qsz, qkv_w},
                       {&L.v, L.v_bias, qkv + qsz + kvsz, qkv_w}});
     rotary_embedding({b.positions, qkv, qkv + qsz, s.cos_sin, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
                       qkv_w, qkv_w, true, DType::kFloat32});
@@ -134,11 +177,11 @@ void LlamaForward::run(const LlamaBatch& b) {
     paged_attention({qkv, qkv_w, key_caches_[li], value_caches_[li], b.block_tables, b.block_table_stride,
                      b.query_start_loc, b.seq_lens, attn, qsz, b.num_seqs, s.heads, s.kv_heads, s.head_dim,
                      s.block_size, s.attn_scale, kAttentionPartition, DType::kFloat32, s.kv_dtype});
-    project(attn, T, qsz, {{&L.o, nullptr, hidden, h}});
+    project(attn, T, qsz, forms, {{&L.o, nullptr, hidden, h}});
     rms_norm({x, hidden, residual, L.post_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
-    project(x, T, h, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
+    project(x, T, h, forms, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
     silu_and_mul({act, gate_up, T, inter, 2 * inter, inter, DType::kFloat32});
-    project(act, T, inter, {{&L.down, nullptr, hidden, h}});
+    project(act, T, inter, forms, {{&L.down, nullptr, hidden, h}});
   }
   const int64_t R = b.num_logits;
   float* fx = sized(final_x_, R * h);
@@ -148,7 +191,7 @@ void LlamaForward::run(const LlamaBatch& b) {
     std::memcpy(fres + r * h, residual + b.logits_indices[r] * h, h * sizeof(float));
   }
   rms_norm({fx, fx, fres, final_norm_, R, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
-  project(fx, R, h, {{&lm_head_, nullptr, b.logits, s.vocab}});
+  project(fx, R, h, logit_forms_, {{&lm_head_, nullptr, b.logits, s.vocab}});
 }
 
 }  // namespace mindie::kernels::cpu

@@ -2,7 +2,12 @@
 // rotary, KV-cache write, paged attention, o, residual, gate/up, SiLU, down, and the final norm and
 // lm_head for the rows whose logits are wanted. One call per step, so a small decode batch is not
 // dominated by ~10 us of Python per op. Activations and the residual stream are float32; the
-// projections are the integer matmul of quant.h (or `linear` for a dense weight).
+// projections are the matmul of quant.h (or `linear` for a dense weight). A generated token's row
+// enters it as int8 planes (memory-bound at decode batches, where integer dot products are cheapest
+// and most exact). A prompt token's row, where compute dominates, enters as bfloat16 when
+// bf16_prompts is set and the CPU has native bf16 dot products (qmatmul_bf16_native), else as int8
+// too. Which form a row takes depends only on that row (its position against its prompt's length),
+// never on the rest of the batch.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +45,7 @@ struct LlamaShape {
   int64_t max_position;
   int block_size;
   DType kv_dtype;
+  bool bf16_prompts;
 };
 
 // One step's flattened batch, as AttentionMetadata describes it (mindie/model/llama.py).
@@ -56,6 +62,7 @@ struct LlamaBatch {
   const int64_t* logits_indices;
   int64_t num_logits;
   float* logits;  // [num_logits, vocab]
+  const int32_t* prompt_lens;  // [num_seqs]: rows at positions below are prompt tokens; nullptr: none are
 };
 
 class LlamaForward {
@@ -74,7 +81,15 @@ class LlamaForward {
     float* out;
     int64_t out_stride;
   };
-  void project(const float* x, int64_t m, int64_t k, std::initializer_list<Target> targets);
+  // The rows of a project() call by the form their activations take; both lists are filled only
+  // when the call mixes the two (else all_bf16 says which one it is).
+  struct RowForms {
+    bool all_bf16 = false;
+    std::vector<int32_t> bf16, int8;
+  };
+  void split_rows(const LlamaBatch& b, const int64_t* rows, int64_t m, RowForms& forms) const;
+  void project(const float* x, int64_t m, int64_t k, const RowForms& forms, std::initializer_list<Target> targets);
+  void qmatmul_rows(QMatmulArgs q, const float* x, int64_t k, const std::vector<int32_t>* rows, bool bf16);
   void embed_rows(const LlamaBatch& b);
 
   LlamaShape shape_;
@@ -85,7 +100,9 @@ class LlamaForward {
   std::mutex mu_;  // one step at a time: the scratch below is shared
   std::vector<float> hidden_, residual_, x_, qkv_, attn_, gate_up_, act_, final_x_, final_res_;
   std::vector<int8_t> xq_;
-  std::vector<float> xd_;
+  std::vector<float> xd_, gathered_;
+  std::vector<bf16_t> xb_;
+  RowForms token_forms_, logit_forms_;
   std::vector<int32_t> ids_;
 };
 

@@ -91,8 +91,19 @@ struct QuantizeActivationsArgs {
   float* d;
 };
 
-// out_j[m, rows_j] = x @ W_j^T (+ bias_j) for a few matrices that share one quantized input: their
-// rows are split over the threads as one range (a layer's q/k/v or gate/up in one call).
+// Per row of x [m, k] (float32): out [m, k] bfloat16, rounded to nearest even (as torch rounds).
+struct RoundToBf16Args {
+  const float* x;
+  int64_t m, k, x_stride;
+  bf16_t* out;  // rows back to back
+};
+
+// out_j[m, rows_j] = x @ W_j^T (+ bias_j) for a few matrices that share one input: their rows are
+// split over the threads as one range (a layer's q/k/v or gate/up in one call). The input comes as
+// int8 planes (xq, xd: the integer path above) or, with xb set, as bfloat16: each weight row is
+// then rounded to bfloat16 (scale * q + offset, as the dense bf16 path holds it) and every output
+// element is a float32 sum of exact bf16 x bf16 products, pair by pair in k order (vdpbf16ps where
+// the CPU has AVX512-BF16; any other variant computes the same sums in float, slowly).
 struct QMatmulTarget {
   QMatrix w;
   const float* bias;  // [rows] or nullptr
@@ -105,16 +116,23 @@ struct QMatmulArgs {
   int num_targets;
   const int8_t* xq;  // [m, 2, k]: hi and lo planes
   const float* xd;   // [m, k / 32]
+  const bf16_t* xb;  // or [m, k] bfloat16 (then xq and xd are unused)
   int64_t m, k;
+  const int32_t* out_rows;  // optional: activation row c goes to output row out_rows[c] (else c)
 };
+
+// Whether the active kernel variant computes bf16 activations with native bf16 dot products
+// (AVX512-BF16), so that qmatmul's bf16 input is the fast choice rather than a slow emulation.
+bool qmatmul_bf16_native();
 
 void stage_rows(const StageArgs& args);
 void dequantize_rows(const DequantizeArgs& args);
 void quantize_activations(const QuantizeActivationsArgs& args);
+void round_to_bf16(const RoundToBf16Args& args);
 void qmatmul(const QMatmulArgs& args);
 
 #define MINDIE_QUANT_KERNELS(X)                                                           \
   X(stage_rows, StageArgs) X(dequantize_rows, DequantizeArgs) X(quantize_activations, QuantizeActivationsArgs) \
-  X(qmatmul, QMatmulArgs)
+  X(round_to_bf16, RoundToBf16Args) X(qmatmul, QMatmulArgs)
 
 }  // namespace mindie::kernels::cpu

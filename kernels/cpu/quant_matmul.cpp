@@ -6,6 +6,7 @@
 // how (Int8Panel::tile reduces each element in one lane, in one fixed order).
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/dispatch.h"
@@ -74,6 +75,22 @@ struct Panel {
   int64_t row0;
 };
 
+// out[(r * cols + c) * 16 + lane] for panels p[0..R) and activation rows c0.. (bias added) to the
+// targets' output rows.
+template <int R>
+void store_tile(const Panel* p, const float* out, const QMatmulArgs& a, int64_t c0, int cols) {
+  for (int r = 0; r < R; ++r) {
+    const QMatmulTarget& t = *p[r].target;
+    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, t.w.rows - p[r].row0));
+    for (int c = 0; c < cols; ++c) {
+      const int64_t row = a.out_rows != nullptr ? a.out_rows[c0 + c] : c0 + c;
+      float* dst = t.out + row * t.out_stride + p[r].row0;
+      const float* f = out + (r * cols + c) * kPanelRows;
+      for (int i = 0; i < rows; ++i) dst[i] = f[i] + (t.bias != nullptr ? t.bias[p[r].row0 + i] : 0.f);
+    }
+  }
+}
+
 // Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
 template <class D, int R, bool Signed, int S>
 void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
@@ -81,25 +98,14 @@ void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const s
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
   const int64_t groups = a.k / 16;
   float out[R * D::kTileCols * kPanelRows];
-  auto store = [&](int64_t c0, int cols) {
-    for (int r = 0; r < R; ++r) {
-      const QMatmulTarget& t = *p[r].target;
-      const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, t.w.rows - p[r].row0));
-      for (int c = 0; c < cols; ++c) {
-        float* dst = t.out + (c0 + c) * t.out_stride + p[r].row0;
-        const float* f = out + (r * cols + c) * kPanelRows;
-        for (int i = 0; i < rows; ++i) dst[i] = f[i] + (t.bias != nullptr ? t.bias[p[r].row0 + i] : 0.f);
-      }
-    }
-  };
   int64_t c0 = 0;
   for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) {
     D::template tile<R, D::kTileCols, Signed, S>(w, x.data() + c0, groups, out);
-    store(c0, D::kTileCols);
+    store_tile<R>(p, out, a, c0, D::kTileCols);
   }
   for (; c0 < a.m; ++c0) {
     D::template tile<R, 1, Signed, S>(w, x.data() + c0, groups, out);
-    store(c0, 1);
+    store_tile<R>(p, out, a, c0, 1);
   }
 }
 
@@ -110,8 +116,62 @@ void apply_format(const QFormatInfo& info, const Panel* p, const PanelBuffer* bu
   return info.scale_span == 32 ? apply<D, R, false, 2>(p, buf, a, x) : apply<D, R, false, 1>(p, buf, a, x);
 }
 
+// Stages every panel of a's targets (through D's staging) and hands them to `apply(p, buf, n)` up
+// to R at a time, n panels of one target (so that they share a format). The panels are split over
+// the threads as contiguous ranges.
+template <class D, int R, class Apply>
+void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
+  // Panels of every target, back to back: target j owns panels [first[j], first[j + 1]).
+  int64_t first[kMaxQMatmulTargets + 1] = {0};
+  for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
+  const int64_t panels = first[a.num_targets];
+  const int64_t threads = std::min<int64_t>(get_num_threads(), panels);
+  const int64_t per = (panels + threads - 1) / threads;
+  parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
+    PanelBuffer buf[R];
+    for (int64_t th = tb; th < te; ++th) {
+      const int64_t begin = th * per, end = std::min(panels, (th + 1) * per);
+      auto locate = [&](int64_t pn) {
+        int jn = 0;
+        while (pn >= first[jn + 1]) ++jn;
+        return Panel{&a.targets[jn], (pn - first[jn]) * kPanelRows};
+      };
+      for (int64_t pn = begin; pn < std::min(end, begin + R); ++pn) {
+        const Panel p = locate(pn);
+        prefetch_panel(p.target->w, p.row0);
+      }
+      for (int64_t pi = begin; pi < end;) {
+        Panel p[R];
+        int n = 0;
+        int j = 0;
+        while (pi >= first[j + 1]) ++j;
+        for (; n < R && pi < end && pi < first[j + 1]; ++n, ++pi) {
+          p[n] = {&a.targets[j], (pi - first[j]) * kPanelRows};
+          const uint8_t* next = nullptr;  // the panel staged R on, when it is a whole one
+          if (pi + R < end) {
+            const Panel pn = locate(pi + R);
+            if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
+          }
+          buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
+        }
+        apply_group(p, buf, n);
+      }
+    }
+  });
+}
+
+// f(std::integral_constant<int, n>) for 1 <= n <= R: a group of fewer panels (a target's or a
+// thread's last) still runs as one tile, n panels wide.
+template <int R, class F>
+void with_panels(int n, F&& f) {
+  if constexpr (R > 1) {
+    if (n < R) return with_panels<R - 1>(n, f);
+  }
+  f(std::integral_constant<int, R>{});
+}
+
 template <class D>
-void run(const QMatmulArgs& a) {
+void run_int8(const QMatmulArgs& a) {
   const int64_t k = a.k, groups = k / 16;
   // Activation sums per 16 and per 32 values, shared by every panel.
   std::vector<float> sums(a.m * (groups + groups / 2));
@@ -132,46 +192,45 @@ void run(const QMatmulArgs& a) {
       x[c] = {hi, lo, d, sum16, sum32};
     }
   });
-  // Panels of every target, back to back: target j owns panels [first[j], first[j + 1]).
-  int64_t first[kMaxQMatmulTargets + 1] = {0};
-  for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
-  const int64_t panels = first[a.num_targets];
-  const int64_t threads = std::min<int64_t>(get_num_threads(), panels);
-  const int64_t per = (panels + threads - 1) / threads;
-  parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
-    PanelBuffer buf[D::kTilePanels];
-    for (int64_t th = tb; th < te; ++th) {
-      const int64_t begin = th * per, end = std::min(panels, (th + 1) * per);
-      auto locate = [&](int64_t pn) {
-        int jn = 0;
-        while (pn >= first[jn + 1]) ++jn;
-        return Panel{&a.targets[jn], (pn - first[jn]) * kPanelRows};
-      };
-      for (int64_t pn = begin; pn < std::min(end, begin + D::kTilePanels); ++pn) {
-        const Panel p = locate(pn);
-        prefetch_panel(p.target->w, p.row0);
-      }
-      for (int64_t pi = begin; pi < end;) {
-        Panel p[D::kTilePanels];
-        int n = 0;
-        int j = 0;
-        while (pi >= first[j + 1]) ++j;
-        // Panels of one target, so that they share a format.
-        for (; n < D::kTilePanels && pi < end && pi < first[j + 1]; ++n, ++pi) {
-          p[n] = {&a.targets[j], (pi - first[j]) * kPanelRows};
-          const uint8_t* next = nullptr;  // the panel staged kTilePanels on, when it is a whole one
-          if (pi + D::kTilePanels < end) {
-            const Panel pn = locate(pi + D::kTilePanels);
-            if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
-          }
-          buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
-        }
-        const QFormatInfo info = qformat_info(static_cast<int>(a.targets[j].w.format));
-        if (n == D::kTilePanels && D::kTilePanels > 1) apply_format<D, D::kTilePanels>(info, p, buf, a, x);
-        else
-          for (int r = 0; r < n; ++r) apply_format<D, 1>(info, p + r, buf + r, a, x);
-      }
+  for_each_panel_group<D, D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+    const QFormatInfo info = qformat_info(static_cast<int>(p[0].target->w.format));
+    with_panels<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });
+  });
+}
+
+// Bf16 panels w[0..R) against every activation row, B's tile at a time.
+template <class B, int R>
+void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, const std::vector<const bf16_t*>& x) {
+  const int64_t pairs = a.k / 2;
+  float out[R * B::kTileCols * kPanelRows];
+  int64_t c0 = 0;
+  for (; c0 + B::kTileCols <= a.m; c0 += B::kTileCols) {
+    B::template tile<R, B::kTileCols>(w, x.data() + c0, pairs, out);
+    store_tile<R>(p, out, a, c0, B::kTileCols);
+  }
+  for (; c0 < a.m; ++c0) {
+    B::template tile<R, 1>(w, x.data() + c0, pairs, out);
+    store_tile<R>(p, out, a, c0, 1);
+  }
+}
+
+// Bf16 activations: each staged int8 panel is converted to a bf16 panel (B::convert), once per
+// call, then applied to every row.
+template <class D, class B>
+void run_bf16(const QMatmulArgs& a) {
+  constexpr int R = B::kTilePanels;
+  const int64_t groups = a.k / 16, panel_elems = groups * kBf16PanelGroupElems;
+  std::vector<const bf16_t*> x(a.m);
+  for (int64_t c = 0; c < a.m; ++c) x[c] = a.xb + c * a.k;
+  for_each_panel_group<D, R>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+    thread_local std::vector<bf16_t> panels;
+    if (static_cast<int64_t>(panels.size()) < R * panel_elems) panels.resize(R * panel_elems);
+    const bf16_t* w[R];
+    for (int r = 0; r < n; ++r) {
+      B::convert(buf[r].ref(), groups, panels.data() + r * panel_elems);
+      w[r] = panels.data() + r * panel_elems;
     }
+    with_panels<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
   });
 }
 
@@ -187,11 +246,34 @@ void quantize_activations(const QuantizeActivationsArgs& a) {
   });
 }
 
+void round_to_bf16(const RoundToBf16Args& a) {
+  parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = a.x + r * a.x_stride;
+      bf16_t* out = a.out + r * a.k;
+      int64_t i = 0;
+      for (; i + VecF::W <= a.k; i += VecF::W) VecF::load(x + i).store(out + i);
+      if (i < a.k) VecF::load_partial(x + i, static_cast<int>(a.k - i)).store_partial(out + i, static_cast<int>(a.k - i));
+    }
+  });
+}
+
 void qmatmul(const QMatmulArgs& a) {
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  if (cpu_has_avx512_vnni()) return run<Int8Panel<true>>(a);
+  using Staging = Int8Panel<true>;
+  const bool vnni = cpu_has_avx512_vnni();
+#else
+  using Staging = Int8Panel<false>;
+  constexpr bool vnni = false;
 #endif
-  run<Int8Panel<false>>(a);
+  if (a.xb != nullptr) {
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
+    if (cpu_has_avx512_bf16()) return run_bf16<Staging, Bf16Panel>(a);
+#endif
+    return run_bf16<Staging, Bf16PanelGeneric>(a);
+  }
+  if (vnni) return run_int8<Staging>(a);
+  run_int8<Int8Panel<false>>(a);
 }
 
 }  // namespace MINDIE_ISA_NS

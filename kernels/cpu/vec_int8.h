@@ -1,6 +1,6 @@
-// Int8 dot products for the quantized matmul (quant_matmul.cpp), one struct per ISA variant: the
-// only other file with intrinsics besides vec.h. Activations come as two int8 planes, x = d * (128 *
-// hi + lo) (see quantize_block32).
+// Int8 and bf16 dot products for the quantized matmul (quant_matmul.cpp), one struct per ISA
+// variant: the only other file with intrinsics besides vec.h. Int8 activations come as two planes,
+// x = d * (128 * hi + lo) (see quantize_block32); bf16 activations as they are (Bf16Panel).
 //
 // The weights are read as *panels*: 16 rows side by side, so that a vector lane is an output row
 // (see PanelRef). Int8Panel::tile<..., S> computes, for each output element (weight row r,
@@ -36,6 +36,11 @@ struct PanelRef {
   const float* scale;
   const float* offset;
 };
+// A bf16 panel: the same 16 rows as bf16 weights scale * q + offset. For 16-value group j it holds
+// eight 64-byte vectors whose 4-byte lane r is values 2p and 2p + 1 of the group in row r
+// (kBf16PanelGroupElems bf16 values per group), the operand layout of vdpbf16ps.
+constexpr int64_t kBf16PanelGroupElems = 16 * kPanelRows;
+
 // One activation row: its two planes, d per 32 values and d * sum(128 * hi + lo) per 16 and per 32.
 struct ActRef {
   const int8_t* hi;
@@ -443,6 +448,93 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
   return step / 128.f;
 }
 
+#endif
+
+// The bf16 panel path without native bf16 dot products: the same bf16 weights, and per output
+// element the same float32 sums of exact products, odd value of a pair first as vdpbf16ps adds them
+// (denormals aside, which vdpbf16ps flushes). Scalar code for the variants that are never the fast
+// choice for bf16 (qmatmul_bf16_native is false there).
+struct Bf16PanelGeneric {
+  static constexpr int kTilePanels = 1;
+  static constexpr int kTileCols = 1;
+  static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {
+    for (int64_t j = 0; j < groups; ++j)
+      for (int v = 0; v < 4; ++v)
+        for (int r = 0; r < kPanelRows; ++r)
+          for (int b = 0; b < 4; ++b) {
+            const float q = in.q[j * kPanelGroupBytes + 64 * v + 4 * r + b];
+            out[j * kBf16PanelGroupElems + (2 * v + b / 2) * 32 + 2 * r + b % 2] =
+                float_to_bf16(std::fma(q, in.scale[16 * j + r], in.offset[16 * j + r]));
+          }
+  }
+  template <int R, int C>
+  static void tile(const bf16_t* const* w, const bf16_t* const* x, int64_t pairs, float* out) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int lane = 0; lane < kPanelRows; ++lane) {
+          float f = 0.f;
+          for (int64_t p = 0; p < pairs; ++p) {
+            const bf16_t* wp = w[r] + 32 * p + 2 * lane;
+            f = std::fma(bf16_to_float(wp[1]), bf16_to_float(x[c][2 * p + 1]), f);
+            f = std::fma(bf16_to_float(wp[0]), bf16_to_float(x[c][2 * p]), f);
+          }
+          out[(r * C + c) * 16 + lane] = f;
+        }
+  }
+};
+
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
+// vdpbf16ps over bf16 panels: each output element is one lane's float32 chain over the pairs in k
+// order, whatever the tile or the number of activation rows.
+struct Bf16Panel {
+  // 4 panels x 6 activation rows: 24 accumulators, four weight vectors and a broadcast.
+  static constexpr int kTilePanels = 4;
+  static constexpr int kTileCols = 6;
+  // An int8 panel (q holds signed values; unsigned formats stay below 64) to bf16 pairs, rounded as
+  // float_to_bf16 rounds.
+  static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {
+    static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_loadu_si512(kInterleave);
+    for (int64_t j = 0; j < groups; ++j) {
+      const __m512 scale = _mm512_loadu_ps(in.scale + 16 * j), offset = _mm512_loadu_ps(in.offset + 16 * j);
+      bf16_t* dst = out + j * kBf16PanelGroupElems;
+      for (int v = 0; v < 4; ++v) {
+        const __m512i q = _mm512_loadu_si512(in.q + j * kPanelGroupBytes + 64 * v);
+        __m512 f[4];
+        f[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 24), 24));
+        f[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 16), 24));
+        f[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 8), 24));
+        f[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(q, 24));
+        for (int h = 0; h < 2; ++h) {
+          // cvtne2ps puts the first operand's 16 values in the upper half: lane r pairs value 2h
+          // (lower half) with 2h + 1 (upper half) after the interleave.
+          const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(f[2 * h + 1], scale, offset),
+                                                           _mm512_fmadd_ps(f[2 * h], scale, offset));
+          _mm512_storeu_si512(dst + (2 * v + h) * 32, _mm512_permutexvar_epi16(interleave, pair));
+        }
+      }
+    }
+  }
+  template <int R, int C>
+  static void tile(const bf16_t* const* w, const bf16_t* const* x, int64_t pairs, float* out) {
+    __m512 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512i wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w[r] + 32 * p);
+      for (int c = 0; c < C; ++c) {
+        int32_t xv;
+        std::memcpy(&xv, x[c] + 2 * p, 4);
+        const __m512i b = _mm512_set1_epi32(xv);
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[r], (__m512bh)b);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, acc[r][c]);
+  }
+};
 #endif
 
 }  // namespace MINDIE_ISA_NS

@@ -26,6 +26,9 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # int32 [seqs + 1]
     seq_lens: torch.Tensor  # int32 [seqs]; cached tokens after this step
     logits_indices: torch.Tensor  # int64 [rows]; token rows whose next-token logits are wanted
+    # int32 [seqs]: a row at a position below its sequence's entry is a prompt token, which the C++ step
+    # may compute in bf16 (QuantizedLlamaModel); None: every row is a generated token.
+    prompt_lens: torch.Tensor | None = None
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """The Llama-family decoder over weights kept in their ggml formats, one C++ call per step.
 
 Same interface as `LlamaModel` (allocate_kv_cache, forward over AttentionMetadata), but the whole
-layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights, float32
-everywhere else, and a KV cache in `kv_dtype`. Every path a token row can take reduces it the same
-way, so its logits do not depend on the rest of the batch.
+layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights (bf16 ones for
+prompt rows when the dtype is bfloat16 and the CPU has native bf16 dot products), float32 everywhere
+else, and a KV cache in `kv_dtype`. A row's path depends only on that row, so its logits do not
+depend on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class QuantizedLlamaModel:
             "heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,
             "attn_scale": 1.0 / math.sqrt(c.head_dim), "block_size": block_size, "cos_sin": self._cos_sin,
             "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
+            "bf16_prompts": self.kv_dtype == torch.bfloat16,
         }
         step = _C.LlamaForward(dims, self._layers, self.embed.spec(), self.lm_head.spec(), self._final_norm)
         step.set_kv_caches([k for k, _ in caches], [v for _, v in caches])
@@ -99,5 +101,5 @@ class QuantizedLlamaModel:
             raise ValueError("forward needs the KV caches this model allocated (allocate_kv_cache)")
         logits = torch.empty(meta.logits_indices.shape[0], self.config.vocab_size, dtype=torch.float32)
         self._step.run(logits, input_ids, meta.positions, meta.slot_mapping, meta.block_tables,
-                       meta.query_start_loc, meta.seq_lens, meta.logits_indices)
+                       meta.query_start_loc, meta.seq_lens, meta.logits_indices, meta.prompt_lens)
         return logits

@@ -114,7 +114,9 @@ def describe(loaded: LoadedModel) -> str:
     m = loaded.model
     if isinstance(m, QuantizedLlamaModel):
         formats = ", ".join(f"{n} x{c}" for n, c in sorted(m.weight_formats.items()))
-        weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), int8 activations, C++ step"
+        acts = ("bf16 prompt rows, int8 generated rows" if m.kv_dtype == torch.bfloat16 and _C.qmatmul_bf16_native()
+                else "int8 activations")
+        weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), {acts}, C++ step"
     else:
         weights = f"dense {str(m.dtype).removeprefix('torch.')} weights, torch GEMM"
     features = [k for k, v in _C.cpu_features().items() if v]

@@ -44,6 +44,7 @@ class ModelRunner:
         starts = [0]
         lens: list[int] = []
         tables: list[list[int]] = []
+        prompt_lens: list[int] = []
         rows: list[int] = []
         row_seqs: list[Sequence] = []
         prompt_rows: list[int] = []
@@ -58,6 +59,7 @@ class ModelRunner:
             starts.append(starts[-1] + n)
             lens.append(start + n)
             tables.append(table)
+            prompt_lens.append(seq.num_prompt_tokens)
             if seq.wants_prompt_logprobs:
                 # position p predicts prompt token p + 1
                 last = min(start + n, seq.num_prompt_tokens - 1)
@@ -75,6 +77,7 @@ class ModelRunner:
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             logits_indices=torch.tensor(rows + prompt_rows, dtype=torch.int64),
+            prompt_lens=torch.tensor(prompt_lens, dtype=torch.int32),
         )
         logits = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv_caches)
         prompt_logits, at = [], len(rows)

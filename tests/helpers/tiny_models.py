@@ -100,6 +100,7 @@ def run_greedy(
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             logits_indices=torch.tensor(last),
+            prompt_lens=torch.tensor([len(prompts[s]) for s in active], dtype=torch.int32),
         )
         logits = model.forward(torch.tensor(ids), meta, caches)
         lp = torch.log_softmax(logits, dim=-1)

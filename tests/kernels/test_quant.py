@@ -1,6 +1,7 @@
 """Quantized weights: every GGUF format dequantizes exactly as the gguf package does; activations
-quantize as the reference; the integer matmul matches float64 math on the same values and gives a
-row the same bits whatever the batch, the tile it lands in, or the thread count."""
+quantize as the reference; the integer matmul, and the bf16 one (bf16 activations against the
+weights rounded to bf16), match float64 math on the same values and give a row the same bits
+whatever the batch, the tile it lands in, or the thread count."""
 
 from __future__ import annotations
 
@@ -90,6 +91,68 @@ def test_qmatmul_rows_are_batch_invariant(isa, fmt):
         _C.set_num_threads(threads)
 
 
+def test_round_to_bf16_matches_torch(isa):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 45, generator=gen) * torch.logspace(-30, 30, 45)  # odd width: a partial vector
+    x[0, :3] = torch.tensor([float("inf"), -float("inf"), 0.0])
+    assert torch.equal(ops.round_to_bf16(x), x.bfloat16())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (3, 8), (17, 5), (64, 33)])
+def test_qmatmul_bf16_matches_reference(isa, fmt, m, n):
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, n, k, m * 100 + n)
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen)
+    want = ref.qmatmul_bf16(x, data, qtype, bias)
+    # The kernel rounds scale * q + offset once (fma), gguf twice: a weight near a bf16 tie may round
+    # one bf16 step apart, about 2^-9 of one product.
+    torch.testing.assert_close(ops.qmatmul_bf16(x, data, qtype, bias), want,
+                               atol=2e-3 * want.abs().max().item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_qmatmul_bf16_rows_are_batch_invariant(isa, fmt):
+    """As for the integer path: row i is the same bits in a batch of any M = 1..64 and on any thread
+    count, partial panels (45 rows) and narrower panel groups included."""
+    threads = _C.get_num_threads()
+    try:
+        for k in cols_for(fmt)[1:]:
+            data, qtype = random_blocks(fmt, 45, k, 3)
+            x = torch.randn(64, k, generator=torch.Generator().manual_seed(4)).bfloat16()
+            full = ops.qmatmul_bf16(x, data, qtype)
+            for t in sorted({1, threads, 3}):
+                _C.set_num_threads(t)
+                for m in range(1, 65):
+                    assert torch.equal(ops.qmatmul_bf16(x[64 - m:], data, qtype), full[64 - m:]), (k, t, m)
+    finally:
+        _C.set_num_threads(threads)
+
+
+@pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["avx512_bf16"],
+                    reason="needs a CPU with AVX512-BF16 to compare vdpbf16ps with the emulation")
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_qmatmul_bf16_native_agrees_with_the_emulation(fmt):
+    """vdpbf16ps and the float emulation the other variants run add the same exact products in the
+    same order; they may differ only where vdpbf16ps flushes denormals."""
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 70, k, 5)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    previous = _C.get_isa()
+    try:
+        _C.set_isa("avx512")
+        assert _C.qmatmul_bf16_native()
+        native = ops.qmatmul_bf16(x, data, qtype)
+        _C.set_isa("scalar")
+        assert not _C.qmatmul_bf16_native()
+        emulated = ops.qmatmul_bf16(x, data, qtype)
+    finally:
+        _C.set_isa(previous)
+    torch.testing.assert_close(native, emulated, atol=1e-6 * emulated.abs().max().item(), rtol=0)
+
+
 def test_bad_arguments_raise():
     data, qtype = random_blocks("Q4_1", 4, 64, 0)
     q, d = ops.quantize_activations(torch.randn(2, 64))
@@ -99,3 +162,7 @@ def test_bad_arguments_raise():
         ops.qmatmul(q, d, data[:, :20].contiguous(), qtype)
     with pytest.raises(ValueError, match="multiple of 32"):
         ops.quantize_activations(torch.randn(2, 40))
+    with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
+        ops.qmatmul_bf16(torch.randn(2, 64), data, qtype)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.qmatmul_bf16(torch.randn(2, 40).bfloat16(), data, qtype)

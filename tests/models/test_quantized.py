@@ -38,7 +38,7 @@ def prompt_logits(model, ids: list[int], block_size: int = 16) -> torch.Tensor:
         positions=torch.arange(n), slot_mapping=torch.arange(n),
         block_tables=torch.arange(blocks, dtype=torch.int32)[None],
         query_start_loc=torch.tensor([0, n], dtype=torch.int32), seq_lens=torch.tensor([n], dtype=torch.int32),
-        logits_indices=torch.arange(n))
+        logits_indices=torch.arange(n), prompt_lens=torch.tensor([n], dtype=torch.int32))
     return model.forward(torch.tensor(ids), meta, caches)
 
 
@@ -98,6 +98,19 @@ def test_hf_checkpoint_quantized_at_load(tiny_llama_dir):
         load_model(str(tiny_llama_dir), "float32", "q3_k")
     with pytest.raises(ValueError, match="applies to Hugging Face checkpoints"):
         load_model(None, "float32", "q8_0")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prompt_and_generated_rows_keep_their_bits_in_mixed_steps(dtype):
+    """In 8-token chunks, the short prompt decodes while the long one is still prefilling (with bf16,
+    its rows take the bf16 path beside the other's int8 decode row): each sequence's tokens and
+    log-probabilities are the same bits as when it runs alone."""
+    model = load_model(None, dtype).model
+    short, long = list(range(1000, 1005)), list(range(2000, 2037))
+    together, together_lp = run_greedy(model, [short, long], 12, block_size=16, chunk=8)
+    for i, prompt in enumerate((short, long)):
+        alone, alone_lp = run_greedy(model, [prompt], 12, block_size=16, chunk=8)
+        assert together[i] == alone[0] and together_lp[i] == alone_lp[0]
 
 
 def test_seeded_request_is_batch_invariant_on_default_settings():

@@ -1,5 +1,6 @@
 """Plain references for the quantized kernels: the gguf package's dequantizer is the weights' spec;
-activations are quantized per block of 32 into two int8 planes as quant.h describes."""
+activations are quantized per block of 32 into two int8 planes as quant.h describes, or rounded to
+bfloat16 (then each weight is rounded to bfloat16 too)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ def qmatmul(q: torch.Tensor, d: torch.Tensor, weight: torch.Tensor, ggml_type: i
             bias: torch.Tensor | None = None) -> torch.Tensor:
     w = dequantize(weight, ggml_type, q.shape[2]).double()
     y = activations_value(q, d) @ w.T
+    if bias is not None:
+        y = y + bias.double()
+    return y.float()
+
+
+def qmatmul_bf16(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, k] bfloat16 times the weights rounded to bfloat16, in float64."""
+    w = dequantize(weight, ggml_type, x.shape[1]).bfloat16().double()
+    y = x.double() @ w.T
     if bias is not None:
         y = y + bias.double()
     return y.float()
