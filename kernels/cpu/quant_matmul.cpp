@@ -91,6 +91,24 @@ void store_tile(const Panel* p, const float* out, const QMatmulArgs& a, int64_t 
   }
 }
 
+// f(std::integral_constant<int, n>) for 1 <= n <= N: a narrower group (a target's or a thread's
+// last panels, the last activation rows) still runs as one tile.
+template <int N, class F>
+void with_count(int n, F&& f) {
+  if constexpr (N > 1) {
+    if (n < N) return with_count<N - 1>(n, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// tile(c0, cols) over the activation rows, C at a time and the rest as one narrower tile.
+template <int C, class Tile>
+void for_each_row_tile(int64_t m, Tile&& tile) {
+  int64_t c0 = 0;
+  for (; c0 + C <= m; c0 += C) tile(c0, std::integral_constant<int, C>{});
+  if (c0 < m) with_count<C>(static_cast<int>(m - c0), [&](auto cols) { tile(c0, cols); });
+}
+
 // Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
 template <class D, int R, bool Signed, int S>
 void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
@@ -98,15 +116,10 @@ void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const s
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
   const int64_t groups = a.k / 16;
   float out[R * D::kTileCols * kPanelRows];
-  int64_t c0 = 0;
-  for (; c0 + D::kTileCols <= a.m; c0 += D::kTileCols) {
-    D::template tile<R, D::kTileCols, Signed, S>(w, x.data() + c0, groups, out);
-    store_tile<R>(p, out, a, c0, D::kTileCols);
-  }
-  for (; c0 < a.m; ++c0) {
-    D::template tile<R, 1, Signed, S>(w, x.data() + c0, groups, out);
-    store_tile<R>(p, out, a, c0, 1);
-  }
+  for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
+    D::template tile<R, decltype(cols)::value, Signed, S>(w, x.data() + c0, groups, out);
+    store_tile<R>(p, out, a, c0, cols);
+  });
 }
 
 template <class D, int R>
@@ -160,16 +173,6 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
   });
 }
 
-// f(std::integral_constant<int, n>) for 1 <= n <= R: a group of fewer panels (a target's or a
-// thread's last) still runs as one tile, n panels wide.
-template <int R, class F>
-void with_panels(int n, F&& f) {
-  if constexpr (R > 1) {
-    if (n < R) return with_panels<R - 1>(n, f);
-  }
-  f(std::integral_constant<int, R>{});
-}
-
 template <class D>
 void run_int8(const QMatmulArgs& a) {
   const int64_t k = a.k, groups = k / 16;
@@ -194,7 +197,7 @@ void run_int8(const QMatmulArgs& a) {
   });
   for_each_panel_group<D, D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
     const QFormatInfo info = qformat_info(static_cast<int>(p[0].target->w.format));
-    with_panels<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });
+    with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });
   });
 }
 
@@ -203,15 +206,10 @@ template <class B, int R>
 void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, const std::vector<const bf16_t*>& x) {
   const int64_t pairs = a.k / 2;
   float out[R * B::kTileCols * kPanelRows];
-  int64_t c0 = 0;
-  for (; c0 + B::kTileCols <= a.m; c0 += B::kTileCols) {
-    B::template tile<R, B::kTileCols>(w, x.data() + c0, pairs, out);
-    store_tile<R>(p, out, a, c0, B::kTileCols);
-  }
-  for (; c0 < a.m; ++c0) {
-    B::template tile<R, 1>(w, x.data() + c0, pairs, out);
-    store_tile<R>(p, out, a, c0, 1);
-  }
+  for_each_row_tile<B::kTileCols>(a.m, [&](int64_t c0, auto cols) {
+    B::template tile<R, decltype(cols)::value>(w, x.data() + c0, pairs, out);
+    store_tile<R>(p, out, a, c0, cols);
+  });
 }
 
 // Bf16 activations: each staged int8 panel is converted to a bf16 panel (B::convert), once per
@@ -230,7 +228,7 @@ void run_bf16(const QMatmulArgs& a) {
       B::convert(buf[r].ref(), groups, panels.data() + r * panel_elems);
       w[r] = panels.data() + r * panel_elems;
     }
-    with_panels<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
+    with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
   });
 }
 
