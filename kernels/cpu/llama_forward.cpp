@@ -61,19 +61,15 @@ void LlamaForward::set_kv_caches(std::vector<void*> keys, std::vector<void*> val
   value_caches_ = std::move(values);
 }
 
-void LlamaForward::split_rows(const LlamaBatch& b, const int64_t* rows, int64_t m, RowForms& forms) const {
+void LlamaForward::split_rows(const LlamaBatch& b) {
+  RowForms& forms = token_forms_;
   forms.bf16.clear();
   forms.int8.clear();
   forms.all_bf16 = false;
   if (!shape_.bf16_prompts || b.prompt_lens == nullptr || !qmatmul_bf16_native()) return;
-  int64_t seq = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    const int64_t t = rows != nullptr ? rows[i] : i;
-    // Rows ascend (logits_indices: within each of its two runs), so the search mostly moves forward.
-    if (i == 0 || (rows != nullptr && t < rows[i - 1])) seq = 0;
-    while (b.query_start_loc[seq + 1] <= t) ++seq;
-    (b.positions[t] < b.prompt_lens[seq] ? forms.bf16 : forms.int8).push_back(static_cast<int32_t>(i));
-  }
+  for (int64_t seq = 0; seq < b.num_seqs; ++seq)
+    for (int32_t t = b.query_start_loc[seq]; t < b.query_start_loc[seq + 1]; ++t)
+      (b.positions[t] < b.prompt_lens[seq] ? forms.bf16 : forms.int8).push_back(t);
   forms.all_bf16 = forms.int8.empty();
   if (forms.bf16.empty() || forms.int8.empty()) {
     forms.bf16.clear();
@@ -160,8 +156,7 @@ void LlamaForward::run(const LlamaBatch& b) {
   float* gate_up = sized(gate_up_, T * 2 * inter);
   float* act = sized(act_, T * inter);
   std::memcpy(residual, hidden, T * h * sizeof(float));
-  split_rows(b, nullptr, T, token_forms_);
-  split_rows(b, b.logits_indices, b.num_logits, logit_forms_);
+  split_rows(b);
   const RowForms& forms = token_forms_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const LlamaLayerWeights& L = layers_[li];
@@ -191,7 +186,9 @@ void LlamaForward::run(const LlamaBatch& b) {
     std::memcpy(fres + r * h, residual + b.logits_indices[r] * h, h * sizeof(float));
   }
   rms_norm({fx, fx, fres, final_norm_, R, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
-  project(fx, R, h, logit_forms_, {{&lm_head_, nullptr, b.logits, s.vocab}});
+  // Logits rows are int8 whatever their token: usually one per prompt, which would not repay
+  // rounding the whole lm_head to bf16 panels.
+  project(fx, R, h, RowForms{}, {{&lm_head_, nullptr, b.logits, s.vocab}});
 }
 
 }  // namespace mindie::kernels::cpu

@@ -6,8 +6,8 @@
 // enters it as int8 planes (memory-bound at decode batches, where integer dot products are cheapest
 // and most exact). A prompt token's row, where compute dominates, enters as bfloat16 when
 // bf16_prompts is set and the CPU has native bf16 dot products (qmatmul_bf16_native), else as int8
-// too. Which form a row takes depends only on that row (its position against its prompt's length),
-// never on the rest of the batch.
+// too; the lm_head takes every row as int8. Which form a row takes depends only on that row (its
+// position against its prompt's length), never on the rest of the batch.
 #pragma once
 
 #include <cstdint>
@@ -87,7 +87,7 @@ class LlamaForward {
     bool all_bf16 = false;
     std::vector<int32_t> bf16, int8;
   };
-  void split_rows(const LlamaBatch& b, const int64_t* rows, int64_t m, RowForms& forms) const;
+  void split_rows(const LlamaBatch& b);  // into token_forms_
   void project(const float* x, int64_t m, int64_t k, const RowForms& forms, std::initializer_list<Target> targets);
   void qmatmul_rows(QMatmulArgs q, const float* x, int64_t k, const std::vector<int32_t>* rows, bool bf16);
   void embed_rows(const LlamaBatch& b);
@@ -102,7 +102,7 @@ class LlamaForward {
   std::vector<int8_t> xq_;
   std::vector<float> xd_, gathered_;
   std::vector<bf16_t> xb_;
-  RowForms token_forms_, logit_forms_;
+  RowForms token_forms_;
   std::vector<int32_t> ids_;
 };
 

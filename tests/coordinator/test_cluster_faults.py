@@ -114,6 +114,8 @@ def test_a_p_killed_leaves_the_schedule_and_comes_back(two_p_one_d: LocalCluster
     cluster = two_p_one_d
     p0, p1, d = cluster.instances
     client = httpx.Client(trust_env=False, timeout=120)
+    # Both must be in the schedule first: with p1 still starting, killing p0 leaves no P at all.
+    _until(lambda: _schedulable(client, cluster, 0) and _schedulable(client, cluster, 1), 60, "both P schedulable")
     cluster.processes[p0.name].kill()
     statuses = [client.post(cluster.url + "/v1/completions", json=SHORT).status_code for _ in range(4)]
     assert statuses.count(200) >= 3 and set(statuses) <= {200, 500}, statuses  # at most the one sent to p0 fails
