@@ -5,6 +5,9 @@ whatever the batch, the tile it lands in, or the thread count."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import gguf
 import numpy as np
 import pytest
@@ -59,34 +62,56 @@ def test_quantize_activations_matches_reference(isa, k):
     assert (err <= (want_d.double() * 128.0 / 256.0 + 1e-30).repeat_interleave(32, dim=1) + 1e-12).all()
 
 
+@dataclass(frozen=True)
+class Form:
+    """One activation form of the quantized matmul: how rows are prepared, the kernel, its reference."""
+
+    prepare: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
+    kernel: Callable[..., torch.Tensor]
+    reference: Callable[..., torch.Tensor]
+    atol: float  # of the largest reference value
+
+
+FORMS = {
+    "int8": Form(ops.quantize_activations, ops.qmatmul, ref.qmatmul, 1e-4),
+    # The kernel rounds scale * q + offset once (fma), gguf twice: a weight near a bf16 tie may round
+    # one bf16 step apart, about 2^-9 of one product.
+    "bf16": Form(lambda x: (x.bfloat16(),), ops.qmatmul_bf16, ref.qmatmul_bf16, 2e-3),
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (3, 8), (17, 5), (64, 33)])
-def test_qmatmul_matches_reference(isa, fmt, m, n):
+def test_qmatmul_matches_reference(isa, form, fmt, m, n):
+    f = FORMS[form]
     k = cols_for(fmt)[-1]
     data, qtype = random_blocks(fmt, n, k, m * 100 + n)
     gen = torch.Generator().manual_seed(n)
-    q, d = ops.quantize_activations(torch.randn(m, k, generator=gen))
+    x = f.prepare(torch.randn(m, k, generator=gen))
     bias = torch.randn(n, generator=gen)
-    want = ref.qmatmul(q, d, data, qtype, bias)
-    torch.testing.assert_close(ops.qmatmul(q, d, data, qtype, bias), want, atol=1e-4 * want.abs().max().item(),
-                               rtol=1e-5)
+    want = f.reference(*x, data, qtype, bias)
+    torch.testing.assert_close(f.kernel(*x, data, qtype, bias), want, atol=f.atol * want.abs().max().item(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
-def test_qmatmul_rows_are_batch_invariant(isa, fmt):
+def test_qmatmul_rows_are_batch_invariant(isa, form, fmt):
     """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (every register
     tile shape and tail), and with one kernel thread or several; 45 weight rows end in a partial panel,
-    which is staged through stage_rows while the whole ones are staged from their blocks."""
+    which is staged through stage_rows while the whole ones are staged from their blocks, and in a
+    narrower group of panels."""
+    f = FORMS[form]
     threads = _C.get_num_threads()
     try:
         for k in cols_for(fmt)[1:]:  # an odd count of 32-value blocks, then a longer row
             data, qtype = random_blocks(fmt, 45, k, 3)
-            q, d = ops.quantize_activations(torch.randn(64, k, generator=torch.Generator().manual_seed(4)))
-            full = ops.qmatmul(q, d, data, qtype)
+            x = f.prepare(torch.randn(64, k, generator=torch.Generator().manual_seed(4)))
+            full = f.kernel(*x, data, qtype)
             for t in sorted({1, threads, 3}):
                 _C.set_num_threads(t)
                 for m in range(1, 65):
-                    assert torch.equal(ops.qmatmul(q[64 - m:], d[64 - m:], data, qtype), full[64 - m:]), (k, t, m)
+                    assert torch.equal(f.kernel(*(a[64 - m:] for a in x), data, qtype), full[64 - m:]), (k, t, m)
     finally:
         _C.set_num_threads(threads)
 
@@ -96,39 +121,6 @@ def test_round_to_bf16_matches_torch(isa):
     x = torch.randn(7, 45, generator=gen) * torch.logspace(-30, 30, 45)  # odd width: a partial vector
     x[0, :3] = torch.tensor([float("inf"), -float("inf"), 0.0])
     assert torch.equal(ops.round_to_bf16(x), x.bfloat16())
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (3, 8), (17, 5), (64, 33)])
-def test_qmatmul_bf16_matches_reference(isa, fmt, m, n):
-    k = cols_for(fmt)[-1]
-    data, qtype = random_blocks(fmt, n, k, m * 100 + n)
-    gen = torch.Generator().manual_seed(n)
-    x = torch.randn(m, k, generator=gen).bfloat16()
-    bias = torch.randn(n, generator=gen)
-    want = ref.qmatmul_bf16(x, data, qtype, bias)
-    # The kernel rounds scale * q + offset once (fma), gguf twice: a weight near a bf16 tie may round
-    # one bf16 step apart, about 2^-9 of one product.
-    torch.testing.assert_close(ops.qmatmul_bf16(x, data, qtype, bias), want,
-                               atol=2e-3 * want.abs().max().item(), rtol=1e-5)
-
-
-@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0", "Q4_K", "Q6_K"])
-def test_qmatmul_bf16_rows_are_batch_invariant(isa, fmt):
-    """As for the integer path: row i is the same bits in a batch of any M = 1..64 and on any thread
-    count, partial panels (45 rows) and narrower panel groups included."""
-    threads = _C.get_num_threads()
-    try:
-        for k in cols_for(fmt)[1:]:
-            data, qtype = random_blocks(fmt, 45, k, 3)
-            x = torch.randn(64, k, generator=torch.Generator().manual_seed(4)).bfloat16()
-            full = ops.qmatmul_bf16(x, data, qtype)
-            for t in sorted({1, threads, 3}):
-                _C.set_num_threads(t)
-                for m in range(1, 65):
-                    assert torch.equal(ops.qmatmul_bf16(x[64 - m:], data, qtype), full[64 - m:]), (k, t, m)
-    finally:
-        _C.set_num_threads(threads)
 
 
 @pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["avx512_bf16"],
