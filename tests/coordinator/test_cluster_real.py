@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fakes import free_port
-from helpers.cluster import metric, running
+from helpers.cluster import log_tails, metric, running
 from helpers.pd import close
 from helpers.pd_routes import CASES, events
 from helpers.server import RunningServer, local_settings
@@ -108,4 +108,6 @@ def test_client_disconnect_frees_every_block_on_p_and_d(default_model_cluster: L
             time.sleep(0.1)
         else:
             raise AssertionError(f"KV blocks in use on P, D: {usage}; D's failed, successful requests: {ends}")
-        assert ends == [before[0] + 1, before[1]]  # cancelled on D, long before its LONG tokens
+        # cancelled on D, long before its LONG tokens (seen failing about once in ten full runs: D
+        # completed it; the logs say when the coordinator noticed the client leave)
+        assert ends == [before[0] + 1, before[1]], log_tails(cluster)

@@ -31,3 +31,13 @@ def metric(client: httpx.Client, inst: InstancePlan, name: str) -> float:
 
 def coordinator_info(client: httpx.Client, cluster: LocalCluster) -> dict[str, Any]:
     return client.get(f"http://127.0.0.1:{cluster.port + 1}/v1/coordinator_info").json()
+
+
+def log_tails(cluster: LocalCluster, lines: int = 30) -> str:
+    """The last lines of every process's log, for an assertion message (the logs go with the cluster's
+    directory when it stops)."""
+    parts = []
+    for log in sorted(cluster.workdir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {log.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
