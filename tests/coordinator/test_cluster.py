@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes import free_port
+from helpers.cluster import on_free_ports
 
 from mindie.coordinator.cluster import LocalCluster
 from mindie.coordinator.config import CoordinatorConfig, Role
@@ -44,9 +44,8 @@ def test_bad_shapes(n_p: int, n_d: int, first: str) -> None:
 
 
 def test_a_cluster_of_processes(tmp_path: Path) -> None:
-    port = free_port("127.0.0.1")
-    cluster = LocalCluster(1, 2, port=port, instance_port=free_port("127.0.7.2"), first_ip="127.0.7.2",
-                           workdir=tmp_path, instance_command=lambda cfg: [sys.executable, str(FAKE_MAIN), str(cfg)])
+    cluster = on_free_ports(LocalCluster(1, 2, first_ip="127.0.7.2", workdir=tmp_path,
+                                         instance_command=lambda cfg: [sys.executable, str(FAKE_MAIN), str(cfg)]))
     cluster.start()
     try:
         cluster.wait_ready(timeout_s=60)

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes import free_port
-from helpers.cluster import coordinator_info, metric, running
+from helpers.cluster import coordinator_info, metric, on_free_ports, running
 
 from mindie.coordinator.cluster import LocalCluster
 
@@ -27,11 +26,10 @@ SHORT = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "temperature": 0}
 
 
 def _cluster(n_p: int, n_d: int, first_ip: str, workdir: Path) -> LocalCluster:
-    return LocalCluster(n_p, n_d, port=free_port("127.0.0.1"), instance_port=free_port(first_ip), first_ip=first_ip,
-                        workdir=workdir, schedule_config={"maxIterTimes": 1500},
-                        model_config={"kv_trans_timeout": KV_S},
-                        coordinator_overrides={"digs_scheduler_config": {"algorithm_type": "round_robin"},
-                                               "exception_config": {"max_retry": 3}})
+    return on_free_ports(LocalCluster(n_p, n_d, first_ip=first_ip, workdir=workdir,
+                                      schedule_config={"maxIterTimes": 1500}, model_config={"kv_trans_timeout": KV_S},
+                                      coordinator_overrides={"digs_scheduler_config": {"algorithm_type": "round_robin"},
+                                                             "exception_config": {"max_retry": 3}}))
 
 
 @pytest.fixture(scope="module")

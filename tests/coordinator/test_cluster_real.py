@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fakes import free_port
-from helpers.cluster import log_tails, metric, running
+from helpers.cluster import log_tails, metric, on_free_ports, running
 from helpers.pd import close
 from helpers.pd_routes import CASES, events
 from helpers.server import RunningServer, local_settings
@@ -25,9 +24,8 @@ pytest.importorskip("mindie.server.dmi", reason="needs the P and D roles (inferM
 
 @pytest.fixture(scope="module")
 def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    yield from running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
-                                     instance_port=free_port("127.0.9.2"), first_ip="127.0.9.2",
-                                     workdir=tmp_path_factory.mktemp("cluster")))
+    yield from running(on_free_ports(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny",
+                                                  first_ip="127.0.9.2", workdir=tmp_path_factory.mktemp("cluster"))))
 
 
 def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_dir: Path) -> None:
@@ -47,10 +45,10 @@ def test_pd_cluster_answers_as_one_instance(cluster: LocalCluster, tiny_llama_di
 @pytest.fixture(scope="module")
 def recompute_cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """1P1D whose D sends every request back for recompute once it has 3 outputs (the test hook)."""
-    yield from running(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny", port=free_port("127.0.0.1"),
-                                     instance_port=free_port("127.0.9.22"), first_ip="127.0.9.22",
-                                     workdir=tmp_path_factory.mktemp("recompute-cluster"),
-                                     role_env={"decode": {PREEMPT_ENV: "3"}}))
+    yield from running(on_free_ports(LocalCluster(1, 1, model=str(tiny_llama_dir), model_name="tiny",
+                                                  first_ip="127.0.9.22",
+                                                  workdir=tmp_path_factory.mktemp("recompute-cluster"),
+                                                  role_env={"decode": {PREEMPT_ENV: "3"}})))
 
 
 def test_a_request_d_sends_back_for_recompute_answers_as_one_instance(recompute_cluster: LocalCluster,
@@ -80,9 +78,9 @@ LONG = 2000  # tokens: about 10 s of the default model's decoding on two cores
 def default_model_cluster(tmp_path_factory: pytest.TempPathFactory):
     """1P1D on the embedded default model: a few ms per token, so a long request is still running
     when a stop arrives (the tiny model writes thousands of tokens in a second)."""
-    yield from running(LocalCluster(1, 1, port=free_port("127.0.0.1"), instance_port=free_port("127.0.9.12"),
-                                     first_ip="127.0.9.12", workdir=tmp_path_factory.mktemp("default-cluster"),
-                                     schedule_config={"maxIterTimes": LONG}))
+    yield from running(on_free_ports(LocalCluster(1, 1, first_ip="127.0.9.12",
+                                                  workdir=tmp_path_factory.mktemp("default-cluster"),
+                                                  schedule_config={"maxIterTimes": LONG})))
 
 
 def test_client_disconnect_frees_every_block_on_p_and_d(default_model_cluster: LocalCluster) -> None:
