@@ -129,56 +129,121 @@ void apply_format(const QFormatInfo& info, const Panel* p, const PanelBuffer* bu
   return info.scale_span == 32 ? apply<D, R, false, 2>(p, buf, a, x) : apply<D, R, false, 1>(p, buf, a, x);
 }
 
+// The panels of every target, back to back (target j owns panels [first[j], first[j + 1])), split
+// over the threads as contiguous ranges: thread th takes [th * per, min(panels, (th + 1) * per)).
+struct PanelSplit {
+  const QMatmulArgs& a;
+  int64_t first[kMaxQMatmulTargets + 1] = {0};
+  int64_t panels, threads, per;
+
+  explicit PanelSplit(const QMatmulArgs& args) : a(args) {
+    for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
+    panels = first[a.num_targets];
+    threads = std::min<int64_t>(get_num_threads(), panels);
+    per = (panels + threads - 1) / threads;
+  }
+  int target_of(int64_t pn) const {
+    int j = 0;
+    while (pn >= first[j + 1]) ++j;
+    return j;
+  }
+  Panel locate(int64_t pn) const {
+    const int j = target_of(pn);
+    return Panel{&a.targets[j], (pn - first[j]) * kPanelRows};
+  }
+  // f(begin, end) for each thread's range of panels, on the threads.
+  template <class F>
+  void run(F&& f) const {
+    parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t th = tb; th < te; ++th) f(th * per, std::min(panels, (th + 1) * per));
+    });
+  }
+};
+
 // Stages every panel of a's targets (through D's staging) and hands them to `apply(p, buf, n)` up
-// to R at a time, n panels of one target (so that they share a format). The panels are split over
-// the threads as contiguous ranges.
+// to R at a time, n panels of one target (so that they share a format).
 template <class D, int R, class Apply>
 void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
-  // Panels of every target, back to back: target j owns panels [first[j], first[j + 1]).
-  int64_t first[kMaxQMatmulTargets + 1] = {0};
-  for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
-  const int64_t panels = first[a.num_targets];
-  const int64_t threads = std::min<int64_t>(get_num_threads(), panels);
-  const int64_t per = (panels + threads - 1) / threads;
-  parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
-    PanelBuffer buf[R];
-    for (int64_t th = tb; th < te; ++th) {
-      const int64_t begin = th * per, end = std::min(panels, (th + 1) * per);
-      auto locate = [&](int64_t pn) {
-        int jn = 0;
-        while (pn >= first[jn + 1]) ++jn;
-        return Panel{&a.targets[jn], (pn - first[jn]) * kPanelRows};
-      };
-      for (int64_t pn = begin; pn < std::min(end, begin + R); ++pn) {
-        const Panel p = locate(pn);
-        prefetch_panel(p.target->w, p.row0);
-      }
-      for (int64_t pi = begin; pi < end;) {
-        Panel p[R];
-        int n = 0;
-        int j = 0;
-        while (pi >= first[j + 1]) ++j;
-        for (; n < R && pi < end && pi < first[j + 1]; ++n, ++pi) {
-          p[n] = {&a.targets[j], (pi - first[j]) * kPanelRows};
-          const uint8_t* next = nullptr;  // the panel staged R on, when it is a whole one
-          if (pi + R < end) {
-            const Panel pn = locate(pi + R);
-            if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
-          }
-          buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
+  const PanelSplit split(a);
+  split.run([&](int64_t begin, int64_t end) {
+    thread_local PanelBuffer buf[R];
+    for (int64_t pn = begin; pn < std::min(end, begin + R); ++pn) {
+      const Panel p = split.locate(pn);
+      prefetch_panel(p.target->w, p.row0);
+    }
+    for (int64_t pi = begin; pi < end;) {
+      Panel p[R];
+      int n = 0;
+      const int j = split.target_of(pi);
+      for (; n < R && pi < end && pi < split.first[j + 1]; ++n, ++pi) {
+        p[n] = {&a.targets[j], (pi - split.first[j]) * kPanelRows};
+        const uint8_t* next = nullptr;  // the panel staged R on, when it is a whole one
+        if (pi + R < end) {
+          const Panel pn = split.locate(pi + R);
+          if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
         }
-        apply_group(p, buf, n);
+        buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
       }
+      apply_group(p, buf, n);
     }
   });
 }
 
-template <class D>
-void run_int8(const QMatmulArgs& a) {
+// How many panels ahead of the one it computes a streaming thread prefetches.
+constexpr int64_t kStreamAhead = 2;
+
+// C activation rows against every panel straight from the weight blocks (D::stream), with no
+// staging: the decode path. A matrix's last, partial panel is read from a zero-padded copy.
+template <class D, int C>
+void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
+  const PanelSplit split(a);
+  const int64_t blocks = a.k / 32;
+  split.run([&](int64_t begin, int64_t end) {
+    for (int64_t pn = begin; pn < std::min(end, begin + kStreamAhead); ++pn) {
+      const Panel p = split.locate(pn);
+      prefetch_panel(p.target->w, p.row0);
+    }
+    for (int64_t pi = begin; pi < end; ++pi) {
+      const Panel p = split.locate(pi);
+      const QMatrix& w = p.target->w;
+      const uint8_t* pf = nullptr;
+      int64_t pf_bytes = 0;
+      if (pi + kStreamAhead < end) {
+        const Panel n = split.locate(pi + kStreamAhead);
+        pf = n.target->w.data + n.row0 * n.target->w.row_bytes;
+        pf_bytes = std::min<int64_t>(kPanelRows, n.target->w.rows - n.row0) * n.target->w.row_bytes;
+      }
+      const int64_t pf_step = (pf_bytes / blocks + 63) / 64 * 64;
+      const uint8_t* rows = w.data + p.row0 * w.row_bytes;
+      const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - p.row0);
+      if (valid < kPanelRows) {
+        thread_local std::vector<uint8_t> padded;
+        padded.assign(kPanelRows * w.row_bytes, 0);
+        std::memcpy(padded.data(), rows, valid * w.row_bytes);
+        rows = padded.data();
+      }
+      float out[C * kPanelRows];
+      switch (w.format) {
+        case QFormat::kQ4_0: D::template stream<QFormat::kQ4_0, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+        case QFormat::kQ4_1: D::template stream<QFormat::kQ4_1, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+        default: D::template stream<QFormat::kQ8_0, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+      }
+      store_tile<1>(&p, out, a, 0, C);
+    }
+  });
+}
+
+// Each activation row's planes, scales and sums per 16 and per 32 values, shared by every panel
+// (buffers kept from call to call).
+const std::vector<ActRef>& prepare_activations(const QMatmulArgs& a) {
   const int64_t k = a.k, groups = k / 16;
-  // Activation sums per 16 and per 32 values, shared by every panel.
-  std::vector<float> sums(a.m * (groups + groups / 2));
-  std::vector<ActRef> x(a.m);
+  // The caller's buffers, named once here: inside the job a thread_local would be the worker's own.
+  thread_local std::vector<float> sums_buffer;
+  thread_local std::vector<ActRef> x_buffer;
+  std::vector<float>& sums = sums_buffer;
+  std::vector<ActRef>& x = x_buffer;
+  sums.resize(a.m * (groups + groups / 2));
+  x.resize(a.m);
   parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const int8_t* hi = a.xq + c * 2 * k;
@@ -195,6 +260,17 @@ void run_int8(const QMatmulArgs& a) {
       x[c] = {hi, lo, d, sum16, sum32};
     }
   });
+  return x;
+}
+
+template <class D>
+void run_int8(const QMatmulArgs& a) {
+  const std::vector<ActRef>& x = prepare_activations(a);
+  if constexpr (D::kStreamCols > 0) {
+    bool streams = a.m >= 1 && a.m <= D::kStreamCols;
+    for (int j = 0; j < a.num_targets; ++j) streams = streams && D::streams(a.targets[j].w.format);
+    if (streams) return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(a, x); });
+  }
   for_each_panel_group<D, D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
     const QFormatInfo info = qformat_info(static_cast<int>(p[0].target->w.format));
     with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });

@@ -209,6 +209,106 @@ struct Int8Panel {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
+
+  // Few activation rows (decode): a whole panel of Q4_0, Q4_1 or Q8_0 read straight from its
+  // blocks, no staging. Vector g holds 16 bytes of rows g, g + 4, g + 8 and g + 12 in its four
+  // 128-bit lanes and meets activation values as they lie; reduce4 then sums each 128-bit lane into
+  // one lane per row. The span sums are the same exact int32 values as tile()'s and the float chain
+  // the same, so a row gets the same bits whichever of the two computes it.
+  static constexpr int kStreamCols = 4;
+  static constexpr bool streams(QFormat f) { return stages(f); }
+  static __m512i load_rows4(const uint8_t* p, int64_t stride) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * stride)), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * stride)), 3);
+  }
+  static __m512i broadcast16(const int8_t* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  // Lane 4L + g: the sum of the four int32 lanes in 128-bit lane L of a[g].
+  static __m512i reduce4(const __m512i a[4]) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  }
+  // Per-lane partial sums of 128 * (u0 . h0 + u1 . h1) + (u0 . l0 + u1 . l1): u unsigned bytes,
+  // the others activation bytes. Without VNNI the 16-bit pair sums of one plane are added before
+  // widening, which stays exact while u < 64 (the unsigned formats).
+  static __m512i span_dot(__m512i u0, __m512i u1, __m512i h0, __m512i h1, __m512i l0, __m512i l1) {
+    if constexpr (Vnni) {
+      const __m512i hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, h0), u1, h1);
+      return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(hi, 7), u0, l0), u1, l1);
+    } else {
+      const __m512i hi = _mm512_add_epi16(_mm512_maddubs_epi16(u0, h0), _mm512_maddubs_epi16(u1, h1));
+      const __m512i lo = _mm512_add_epi16(_mm512_maddubs_epi16(u0, l0), _mm512_maddubs_epi16(u1, l1));
+      return _mm512_add_epi32(_mm512_madd_epi16(hi, _mm512_set1_epi16(128)), _mm512_madd_epi16(lo, _mm512_set1_epi16(1)));
+    }
+  }
+  // out[c * 16 + r] = f of panel row r (rows at `rows`, row_bytes apart) and activation row c.
+  // Prefetches [pf, pf_end) meanwhile, pf_step bytes per block.
+  template <QFormat F, int C>
+  static void stream(const uint8_t* rows, int64_t row_bytes, int64_t blocks, const ActRef* x, const uint8_t* pf,
+                     const uint8_t* pf_end, int64_t pf_step, float* out) {
+    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
+    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
+    const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32(static_cast<int>(row_bytes)));
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512 f[C];
+    for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
+      for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
+      const uint8_t* at = rows + b * kBytes;
+      const __m512i header = _mm512_i32gather_epi32(row_at, at, 1);
+      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
+      __m512i u0[4], u1[4];
+      for (int g = 0; g < 4; ++g) {
+        const uint8_t* q = at + kHeader + g * row_bytes;
+        if constexpr (F == QFormat::kQ8_0) {
+          u0[g] = load_rows4(q, 4 * row_bytes);
+          u1[g] = load_rows4(q + 16, 4 * row_bytes);
+        } else {
+          const __m512i v = load_rows4(q, 4 * row_bytes);
+          u0[g] = _mm512_and_si512(v, nibble);
+          u1[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        }
+      }
+      if constexpr (F == QFormat::kQ8_0) {
+        // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
+        for (int c = 0; c < C; ++c) {
+          const int8_t* h = x[c].hi + 32 * b;
+          const int8_t* l = x[c].lo + 32 * b;
+          const __m512i h0 = broadcast16(h), h1 = broadcast16(h + 16), l0 = broadcast16(l), l1 = broadcast16(l + 16);
+          __m512i acc[4];
+          for (int g = 0; g < 4; ++g) {
+            const __mmask64 n0 = _mm512_movepi8_mask(u0[g]), n1 = _mm512_movepi8_mask(u1[g]);
+            const __m512i a0 = _mm512_abs_epi8(u0[g]), a1 = _mm512_abs_epi8(u1[g]);
+            const __m512i z = _mm512_setzero_si512();
+            const __m512i sh0 = _mm512_mask_sub_epi8(h0, n0, z, h0), sh1 = _mm512_mask_sub_epi8(h1, n1, z, h1);
+            const __m512i sl0 = _mm512_mask_sub_epi8(l0, n0, z, l0), sl1 = _mm512_mask_sub_epi8(l1, n1, z, l1);
+            // |q| may be 128: each byte product's pair sums are widened on their own (dot).
+            acc[g] = dot(dot(_mm512_slli_epi32(dot(dot(z, a0, sh0), a1, sh1), 7), a0, sl0), a1, sl1);
+          }
+          f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce4(acc)), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
+        }
+      } else {
+        __m512 o;
+        if constexpr (F == QFormat::kQ4_1) o = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
+        else o = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
+        for (int c = 0; c < C; ++c) {
+          const int8_t* h = x[c].hi + 32 * b;
+          const int8_t* l = x[c].lo + 32 * b;
+          const __m512i h0 = broadcast16(h), h1 = broadcast16(h + 16), l0 = broadcast16(l), l1 = broadcast16(l + 16);
+          __m512i acc[4];
+          for (int g = 0; g < 4; ++g) acc[g] = span_dot(u0[g], u1[g], h0, h1, l0, l1);
+          f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce4(acc)), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
+          f[c] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[c].sum32[b]), f[c]);
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * 16, f[c]);
+  }
 };
 
 // sum of 128 * hi[i] + lo[i] over 16 values, exactly (|sum| < 2^19).
@@ -357,6 +457,93 @@ struct Int8Panel {
       for (int c = 0; c < C; ++c)
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
   }
+
+  // Few activation rows, panels read straight from their blocks: see the AVX-512 variant. Each half
+  // of the panel (rows 8h to 8h + 7) is four vectors, vector g holding rows 8h + g and 8h + 4 + g.
+  static constexpr int kStreamCols = 4;
+  static constexpr bool streams(QFormat f) { return stages(f); }
+  static __m256i load_rows2(const uint8_t* p, int64_t stride) {
+    return _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)),
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256i broadcast16(const int8_t* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static __m256i reduce4(const __m256i a[4]) {
+    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
+    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+  }
+  // The half-precision values in the low 16 bits of each int32 lane, as floats.
+  static __m256 halves_to_float(__m256i v) {
+    const __m256i low = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
+    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
+  }
+  static __m256i span_dot(__m256i u0, __m256i u1, __m256i h0, __m256i h1, __m256i l0, __m256i l1) {
+    const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(u0, h0), _mm256_maddubs_epi16(u1, h1));
+    const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(u0, l0), _mm256_maddubs_epi16(u1, l1));
+    return _mm256_add_epi32(_mm256_madd_epi16(hi, _mm256_set1_epi16(128)), _mm256_madd_epi16(lo, _mm256_set1_epi16(1)));
+  }
+  template <QFormat F, int C>
+  static void stream(const uint8_t* rows, int64_t row_bytes, int64_t blocks, const ActRef* x, const uint8_t* pf,
+                     const uint8_t* pf_end, int64_t pf_step, float* out) {
+    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
+    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
+    const __m256i row_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_epi32(static_cast<int>(row_bytes)));
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256 f[C][2];
+    for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
+      for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* at = rows + 8 * h * row_bytes + b * kBytes;
+        const __m256i header = _mm256_i32gather_epi32(reinterpret_cast<const int*>(at), row_at, 1);
+        const __m256 d = halves_to_float(header);
+        __m256i u0[4], u1[4];
+        for (int g = 0; g < 4; ++g) {
+          const uint8_t* q = at + kHeader + g * row_bytes;
+          if constexpr (F == QFormat::kQ8_0) {
+            u0[g] = load_rows2(q, 4 * row_bytes);
+            u1[g] = load_rows2(q + 16, 4 * row_bytes);
+          } else {
+            const __m256i v = load_rows2(q, 4 * row_bytes);
+            u0[g] = _mm256_and_si256(v, nibble);
+            u1[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+          }
+        }
+        if constexpr (F == QFormat::kQ8_0) {
+          for (int c = 0; c < C; ++c) {
+            const int8_t* hp = x[c].hi + 32 * b;
+            const int8_t* lp = x[c].lo + 32 * b;
+            const __m256i h0 = broadcast16(hp), h1 = broadcast16(hp + 16), l0 = broadcast16(lp), l1 = broadcast16(lp + 16);
+            __m256i acc[4];
+            for (int g = 0; g < 4; ++g) {
+              const __m256i a0 = _mm256_abs_epi8(u0[g]), a1 = _mm256_abs_epi8(u1[g]), z = _mm256_setzero_si256();
+              const __m256i hs = dot(dot(z, a0, _mm256_sign_epi8(h0, u0[g])), a1, _mm256_sign_epi8(h1, u1[g]));
+              acc[g] = dot(dot(_mm256_slli_epi32(hs, 7), a0, _mm256_sign_epi8(l0, u0[g])), a1, _mm256_sign_epi8(l1, u1[g]));
+            }
+            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(acc)), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+          }
+        } else {
+          __m256 o;
+          if constexpr (F == QFormat::kQ4_1) o = halves_to_float(_mm256_srli_epi32(header, 16));
+          else o = _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+          for (int c = 0; c < C; ++c) {
+            const int8_t* hp = x[c].hi + 32 * b;
+            const int8_t* lp = x[c].lo + 32 * b;
+            const __m256i h0 = broadcast16(hp), h1 = broadcast16(hp + 16), l0 = broadcast16(lp), l1 = broadcast16(lp + 16);
+            __m256i acc[4];
+            for (int g = 0; g < 4; ++g) acc[g] = span_dot(u0[g], u1[g], h0, h1, l0, l1);
+            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(acc)), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+            f[c][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[c].sum32[b]), f[c][h]);
+          }
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + c * 16 + 8 * h, f[c][h]);
+  }
 };
 
 inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
@@ -407,6 +594,10 @@ struct Int8Panel {
 
 
   static constexpr bool stages(QFormat) { return false; }  // scalar panels always go through stage_rows
+  static constexpr int kStreamCols = 0;
+  static constexpr bool streams(QFormat) { return false; }
+  template <QFormat F, int C>
+  static void stream(const uint8_t*, int64_t, int64_t, const ActRef*, const uint8_t*, const uint8_t*, int64_t, float*) {}
   template <QFormat F>
   static void stage_blocks(const uint8_t*, const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
   template <int R, int C, bool Signed, int S>
