@@ -215,7 +215,7 @@ struct Int8Panel {
   // 128-bit lanes and meets activation values as they lie; reduce4 then sums each 128-bit lane into
   // one lane per row. The span sums are the same exact int32 values as tile()'s and the float chain
   // the same, so a row gets the same bits whichever of the two computes it.
-  static constexpr int kStreamCols = 4;
+  static constexpr int kStreamCols = 8;
   static constexpr bool streams(QFormat f) { return stages(f); }
   static __m512i load_rows4(const uint8_t* p, int64_t stride) {
     __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -460,7 +460,7 @@ struct Int8Panel {
 
   // Few activation rows, panels read straight from their blocks: see the AVX-512 variant. Each half
   // of the panel (rows 8h to 8h + 7) is four vectors, vector g holding rows 8h + g and 8h + 4 + g.
-  static constexpr int kStreamCols = 4;
+  static constexpr int kStreamCols = 8;
   static constexpr bool streams(QFormat f) { return stages(f); }
   static __m256i load_rows2(const uint8_t* p, int64_t stride) {
     return _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)),

@@ -100,7 +100,7 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt):
     """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (every register
     tile shape and tail), and with one kernel thread or several; 45 weight rows end in a partial panel,
     which is staged through stage_rows while the whole ones are staged from their blocks, and in a
-    narrower group of panels. Up to 4 rows of Q4_0, Q4_1 and Q8_0 take the streaming (decode) path,
+    narrower group of panels. Up to 8 rows of Q4_0, Q4_1 and Q8_0 take the streaming (decode) path,
     which reads the blocks where they lie, and a partial panel from a zero-padded copy."""
     f = FORMS[form]
     threads = _C.get_num_threads()
