@@ -3,7 +3,9 @@
 // layout (rows side by side, see vec_int8.h) and applied to every activation row, a register tile
 // at a time. The result of an output element depends only on its weight row and activation row: the
 // tile shape, the number of activation rows and the thread split decide where it is computed, never
-// how (Int8Panel::tile reduces each element in one lane, in one fixed order).
+// how (Int8Panel::tile reduces each element in one lane, in one fixed order). With few activation
+// rows (decode), panels of the formats whose blocks hold plain bytes are instead streamed from the
+// weights where they lie (Int8Panel::stream), to the same sums in the same order.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>

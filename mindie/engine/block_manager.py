@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 __all__ = ["BlockManager", "PrefixMatch", "hash_block"]
 
 ROOT_HASH = hashlib.sha256(b"mindie.block_manager.v1").digest()  # parent of every first block
@@ -289,26 +291,34 @@ class BlockManager:
 
     def check_invariants(self) -> None:
         """AssertionError with details unless free + evictable + used == num_blocks (disjoint),
-        ref counts equal table references, and the hash maps are consistent both ways."""
-        free, evictable, hashed = set(self._free), set(self._evictable), self._hash_of.keys()
-        used = {b for b in range(self.num_blocks) if self._ref[b] > 0}
-        assert len(free) == len(self._free), f"duplicate ids in free list {sorted(self._free)}"
-        assert not free & evictable, f"free and evictable: {sorted(free & evictable)}"
+        ref counts equal table references, and the hash maps are consistent both ways. Counted
+        with numpy: tests call it after every step, on pools of a million one-token blocks."""
+        n = self.num_blocks
+        free_count = np.bincount(np.asarray(self._free, dtype=np.int64), minlength=n)
+        assert (free_count <= 1).all(), f"duplicate ids in free list {np.flatnonzero(free_count > 1).tolist()}"
+        free = free_count > 0
+        evictable = np.zeros(n, dtype=bool)
+        evictable[list(self._evictable)] = True
+        ref = np.asarray(self._ref, dtype=np.int64)
+        used = ref > 0
+        assert not (free & evictable).any(), f"free and evictable: {np.flatnonzero(free & evictable).tolist()}"
         both = (free | evictable) & used
-        assert not both, f"free or evictable but used: {sorted(both)}"
-        assert len(free) + len(evictable) + len(used) == self.num_blocks, (
-            f"free {len(free)} + evictable {len(evictable)} + used {len(used)} != {self.num_blocks}"
+        assert not both.any(), f"free or evictable but used: {np.flatnonzero(both).tolist()}"
+        assert free.sum() + evictable.sum() + used.sum() == n, (
+            f"free {free.sum()} + evictable {evictable.sum()} + used {used.sum()} != {n}"
         )
-        refs = [0] * self.num_blocks
         for seq_id, seq in self._seqs.items():
             assert len(set(seq.table)) == len(seq.table), f"{seq_id}: repeated block {seq.table}"
             assert len(seq.hashes) <= len(seq.table), f"{seq_id}: more hashes than blocks"
-            for block in seq.table:
-                refs[block] += 1
-        bad = [(b, r, refs[b]) for b, r in enumerate(self._ref) if r != refs[b]]
+        tables = [b for seq in self._seqs.values() for b in seq.table]
+        refs = np.bincount(np.asarray(tables, dtype=np.int64), minlength=n)
+        bad = [(int(b), int(ref[b]), int(refs[b])) for b in np.flatnonzero(ref != refs)]
         assert not bad, f"(block, ref count, table references) mismatches: {bad}"
+        hashed = self._hash_of.keys()
         skew = [(b, h.hex()[:8]) for b, h in self._hash_of.items() if self._block_of.get(h) != b]
         assert not skew and len(self._block_of) == len(hashed), f"hash maps disagree: {skew}"
-        assert not free & hashed, f"free blocks with a hash: {sorted(free & hashed)}"
-        assert evictable <= hashed, f"evictable without a hash: {sorted(evictable - hashed)}"
+        free_hashed = [b for b in hashed if free[b]]
+        assert not free_hashed, f"free blocks with a hash: {sorted(free_hashed)}"
+        evictable_unhashed = set(self._evictable) - hashed
+        assert not evictable_unhashed, f"evictable without a hash: {sorted(evictable_unhashed)}"
         assert self.enable_prefix_caching or not hashed, "hashes registered with caching off"

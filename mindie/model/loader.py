@@ -61,14 +61,15 @@ def _is_gguf(path: str) -> bool:
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """`auto`: bfloat16 only where the CPU computes it natively (AVX512-BF16), float32 elsewhere;
-    emulated bf16 is several times slower than float32."""
+    """`auto`: bfloat16 only where the active kernels compute it natively (the AVX-512 variant on a
+    CPU with AVX512-BF16), float32 elsewhere: emulated bf16 is several times slower than float32.
+    A variant forced with MINDIE_ISA counts, so that MINDIE_ISA=avx2 runs as an AVX2-only CPU would."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         from mindie import _C
 
-        return torch.bfloat16 if _C.cpu_features()["avx512_bf16"] else torch.float32
+        return torch.bfloat16 if _C.qmatmul_bf16_native() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {['auto', *DTYPES]}, got {dtype!r}")
     return DTYPES[dtype]

@@ -70,7 +70,8 @@ def make_engine(loaded, **keys) -> LLMEngine:
         dict(cacheBlockSize=4),  # plain batch of mixed lengths
         dict(cacheBlockSize=4, maxPrefillTokens=7),  # chunked prefill, decodes interleaved
         dict(cacheBlockSize=8, numKvBlocks=14, maxPrefillTokens=64),  # too few blocks: preemption
-        dict(cacheBlockSize=1, maxBatchSize=2, maxPrefillBatchSize=1),  # batch limits
+        # batch limits; a pool sized to the test, as check_invariants walks every block after each step
+        dict(cacheBlockSize=1, numKvBlocks=1024, maxBatchSize=2, maxPrefillBatchSize=1),
     ],
 )
 def test_greedy_matches_transformers(loaded, hf, config):
