@@ -38,6 +38,9 @@ PYBIND11_MODULE(_C, m) {
     d["avx512_vnni"] = kc::cpu_has_avx512_vnni();
     return d;
   }, "Optional instructions the kernels use when the CPU has them.");
+  m.def("set_avx512_vnni", &kc::set_use_avx512_vnni, pybind11::arg("enabled"),
+        "Lets the AVX-512 variant's int8 dot products use vpdpbusd where the CPU has it (the default), or "
+        "not: tests run the vpmaddubsw form on a CPU with VNNI.");
   m.def("get_isa", [] { return std::string(kc::isa_name(kc::active_isa())); }, "The active kernel variant.");
   m.def("set_isa", [](const std::string& name) {
     try {

@@ -124,6 +124,13 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+namespace {
+std::atomic<bool> g_vnni_enabled{true};
+}  // namespace
+
+bool use_avx512_vnni() { return cpu_has_avx512_vnni() && g_vnni_enabled.load(std::memory_order_relaxed); }
+void set_use_avx512_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_order_relaxed); }
+
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
 
 bool qmatmul_bf16_native() {

@@ -20,6 +20,9 @@ const char* isa_name(Isa isa);
 bool cpu_has_avx512_bf16();
 // AVX512-VNNI (vpdpbusd): the AVX-512 variant's int8 dot products use it when present.
 bool cpu_has_avx512_vnni();
+// Whether they use it now: present and not turned off (tests run the AVX-512BW form on a VNNI CPU).
+bool use_avx512_vnni();
+void set_use_avx512_vnni(bool enabled);
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

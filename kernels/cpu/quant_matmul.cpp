@@ -337,7 +337,7 @@ void round_to_bf16(const RoundToBf16Args& a) {
 void qmatmul(const QMatmulArgs& a) {
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
   using Staging = Int8Panel<true>;
-  const bool vnni = cpu_has_avx512_vnni();
+  const bool vnni = use_avx512_vnni();
 #else
   using Staging = Int8Panel<false>;
   constexpr bool vnni = false;

@@ -5,7 +5,7 @@ whatever the batch, the tile it lands in, or the thread count."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import gguf
@@ -17,6 +17,22 @@ from reference import quant as ref
 from mindie import _C, ops
 
 FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+
+# The AVX-512 variant's int8 products take vpdpbusd where the CPU has VNNI and vpmaddubsw where it
+# has not: on a VNNI CPU both forms run, the second as "avx512-novnni".
+VARIANTS = _C.available_isas() + (
+    ["avx512-novnni"] if "avx512" in _C.available_isas() and _C.cpu_features()["avx512_vnni"] else [])
+
+
+@pytest.fixture(params=VARIANTS)
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs a test once per kernel variant (and int8 product form) this build has and this CPU runs."""
+    previous = _C.get_isa()
+    _C.set_isa(request.param.removesuffix("-novnni"))
+    _C.set_avx512_vnni(not request.param.endswith("-novnni"))
+    yield request.param
+    _C.set_isa(previous)
+    _C.set_avx512_vnni(True)
 
 
 def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, int]:
