@@ -226,6 +226,13 @@ struct Int8Panel {
   static __m512i broadcast16(const int8_t* p) {
     return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // Lane r: the first 4 bytes at row r (rows row_bytes apart), a block's header. Four row loads
+  // and three unpacks cost a third less than a 16-lane gather.
+  static __m512i headers16(const uint8_t* at, int64_t row_bytes) {
+    __m512i a[4];
+    for (int g = 0; g < 4; ++g) a[g] = load_rows4(at + g * row_bytes, 4 * row_bytes);
+    return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpacklo_epi32(a[2], a[3]));
+  }
   // Lane 4L + g: the sum of the four int32 lanes in 128-bit lane L of a[g].
   static __m512i reduce4(const __m512i a[4]) {
     const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
@@ -252,15 +259,13 @@ struct Int8Panel {
                      const uint8_t* pf_end, int64_t pf_step, float* out) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-    const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                              _mm512_set1_epi32(static_cast<int>(row_bytes)));
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     __m512 f[C];
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
       const uint8_t* at = rows + b * kBytes;
-      const __m512i header = _mm512_i32gather_epi32(row_at, at, 1);
+      const __m512i header = headers16(at, row_bytes);
       const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
       __m512i u0[4], u1[4];
       for (int g = 0; g < 4; ++g) {
@@ -469,6 +474,12 @@ struct Int8Panel {
   static __m256i broadcast16(const int8_t* p) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  // Lane r: the first 4 bytes at row r (rows row_bytes apart), a block's header.
+  static __m256i headers8(const uint8_t* at, int64_t row_bytes) {
+    __m256i a[4];
+    for (int g = 0; g < 4; ++g) a[g] = load_rows2(at + g * row_bytes, 4 * row_bytes);
+    return _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpacklo_epi32(a[2], a[3]));
+  }
   static __m256i reduce4(const __m256i a[4]) {
     const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
     const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
@@ -489,8 +500,6 @@ struct Int8Panel {
                      const uint8_t* pf_end, int64_t pf_step, float* out) {
     constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
     constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-    const __m256i row_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                              _mm256_set1_epi32(static_cast<int>(row_bytes)));
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256 f[C][2];
     for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
@@ -498,7 +507,7 @@ struct Int8Panel {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
       for (int h = 0; h < 2; ++h) {
         const uint8_t* at = rows + 8 * h * row_bytes + b * kBytes;
-        const __m256i header = _mm256_i32gather_epi32(reinterpret_cast<const int*>(at), row_at, 1);
+        const __m256i header = headers8(at, row_bytes);
         const __m256 d = halves_to_float(header);
         __m256i u0[4], u1[4];
         for (int g = 0; g < 4; ++g) {
