@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import gguf
-import numpy as np
 import pytest
 import torch
+from helpers.quant_blocks import random_blocks
 from reference import quant as ref
 
 from mindie import _C, ops
@@ -33,24 +32,6 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
     _C.set_isa(previous)
     _C.set_avx512_vnni(True)
-
-
-def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, int]:
-    """GGUF blocks of a random [rows, cols] matrix: quantized by the gguf package where it can, else
-    random bytes with the half-precision scales set to small finite values."""
-    qtype = gguf.GGMLQuantizationType[fmt]
-    rng = np.random.default_rng(seed)
-    try:
-        data = gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
-    except NotImplementedError:
-        block, size = gguf.GGML_QUANT_SIZES[qtype]
-        data = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-        scale_bytes = {"Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}[fmt]
-        halves = (rng.uniform(0.001, 0.02, (rows, cols // block, (scale_bytes[1] - scale_bytes[0]) // 2))
-                  .astype(np.float16).view(np.uint8))
-        data[:, :, scale_bytes[0]:scale_bytes[1]] = halves
-        data = data.reshape(rows, -1)
-    return torch.from_numpy(np.ascontiguousarray(data)), int(qtype)
 
 
 def cols_for(fmt: str) -> list[int]:
