@@ -486,3 +486,21 @@ def test_a_client_gone_while_sending_its_body_leaves_no_traceback(capfd: pytest.
     run(scenario())
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ClientDisconnect" not in err, err
+
+
+def test_a_relay_cancelled_as_a_record_arrives_stays_cancelled() -> None:
+    """The consumer of D's records is cancelled (its client left) in the same loop turn as a record
+    lands: it must end cancelled, not carry on with the record (asyncio.wait_for on Python 3.11 does
+    carry on, and the relay then streamed to nobody until D finished the request)."""
+    from mindie.coordinator.relay import within
+
+    async def scenario() -> None:
+        records: asyncio.Queue[str] = asyncio.Queue()
+        consumer = asyncio.ensure_future(within(records.get(), 60.0))
+        await asyncio.sleep(0)  # waiting on the queue
+        records.put_nowait("record")  # the getter has its record; the consumer has not run yet
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+
+    run(scenario())
