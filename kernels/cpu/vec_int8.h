@@ -603,10 +603,7 @@ struct Int8Panel {
 
 
   static constexpr bool stages(QFormat) { return false; }  // scalar panels always go through stage_rows
-  static constexpr int kStreamCols = 0;
-  static constexpr bool streams(QFormat) { return false; }
-  template <QFormat F, int C>
-  static void stream(const uint8_t*, int64_t, int64_t, const ActRef*, const uint8_t*, const uint8_t*, int64_t, float*) {}
+  static constexpr int kStreamCols = 0;  // no streaming path: every row goes through panels
   template <QFormat F>
   static void stage_blocks(const uint8_t*, const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
   template <int R, int C, bool Signed, int S>
