@@ -153,6 +153,13 @@ struct PanelSplit {
     const int j = target_of(pn);
     return Panel{&a.targets[j], (pn - first[j]) * kPanelRows};
   }
+  // Asks for panels [begin, end) at once: a thread's first panels, before its own prefetches run ahead.
+  void prefetch(int64_t begin, int64_t end) const {
+    for (int64_t pn = begin; pn < end; ++pn) {
+      const Panel p = locate(pn);
+      prefetch_panel(p.target->w, p.row0);
+    }
+  }
   // f(begin, end) for each thread's range of panels, on the threads.
   template <class F>
   void run(F&& f) const {
@@ -169,10 +176,7 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
   const PanelSplit split(a);
   split.run([&](int64_t begin, int64_t end) {
     thread_local PanelBuffer buf[R];
-    for (int64_t pn = begin; pn < std::min(end, begin + R); ++pn) {
-      const Panel p = split.locate(pn);
-      prefetch_panel(p.target->w, p.row0);
-    }
+    split.prefetch(begin, std::min(end, begin + R));
     for (int64_t pi = begin; pi < end;) {
       Panel p[R];
       int n = 0;
@@ -201,10 +205,7 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   const PanelSplit split(a);
   const int64_t blocks = a.k / 32;
   split.run([&](int64_t begin, int64_t end) {
-    for (int64_t pn = begin; pn < std::min(end, begin + kStreamAhead); ++pn) {
-      const Panel p = split.locate(pn);
-      prefetch_panel(p.target->w, p.row0);
-    }
+    split.prefetch(begin, std::min(end, begin + kStreamAhead));
     for (int64_t pi = begin; pi < end; ++pi) {
       const Panel p = split.locate(pi);
       const QMatrix& w = p.target->w;
