@@ -36,7 +36,7 @@ def main() -> None:
         def step() -> None:
             for w in weights:
                 q, d = inputs[w.cols]
-                _C.qmatmul(outs[id(w)], q, d, w.data, w.ggml_type)
+                _C.qmatmul(outs[id(w)], q, d, w.data, w.ggml_type, None, w.packed)
 
         rounds = 5 if isa != "scalar" else 1
         pairs = []
@@ -51,19 +51,20 @@ def main() -> None:
               f"read bandwidth measured beside it (median of {rounds}; {min(shares):.0f}-{max(shares):.0f}%; "
               f"bandwidth {min(b for _, b in pairs) / 1e9:.1f}-{max(b for _, b in pairs) / 1e9:.1f} GB/s)")
         for w in (gate, down):
+            packed_rows = w.rows if w.packed else None
             for m in (16, 512):
                 x = torch.randn(m, w.cols)
                 q, d = ops.quantize_activations(x)
-                forms = {"int8": lambda: ops.qmatmul(q, d, w.data, w.ggml_type)}
+                forms = {"int8": lambda: ops.qmatmul(q, d, w.data, w.ggml_type, packed_rows=packed_rows)}
                 if _C.qmatmul_bf16_native():
                     xb = x.bfloat16()
-                    forms["bf16"] = lambda: ops.qmatmul_bf16(xb, w.data, w.ggml_type)
+                    forms["bf16"] = lambda: ops.qmatmul_bf16(xb, w.data, w.ggml_type, packed_rows=packed_rows)
                 flops = 2 * m * w.rows * w.cols
                 figures = ", ".join(f"{name} {flops / bench(fn, min_time=0.3, warmup=1) / 1e9:6.1f}"
                                     for name, fn in forms.items())
                 print(f"[{isa}] GEMM {w.format_name} [{m} x {w.cols}] x [{w.cols} x {w.rows}] GFLOP/s: {figures}")
     for w in (gate, down):
-        dense = ops.dequantize(w.data, w.ggml_type, w.cols).bfloat16()
+        dense = ops.dequantize(w.data, w.ggml_type, w.cols, w.rows if w.packed else None).bfloat16()
         xb = torch.randn(512, w.cols).bfloat16()
         t = bench(lambda: F.linear(xb, dense), min_time=0.3, warmup=1)
         print(f"[torch] bf16 linear [512 x {w.cols}] x [{w.cols} x {w.rows}] over a dense copy: "

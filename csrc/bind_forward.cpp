@@ -145,7 +145,8 @@ class LlamaForwardHandle {
     return t.ptr<float>();
   }
 
-  // (ggml_type, data, cols): F32 / BF16 dense [rows, cols], or GGUF blocks [rows, row_bytes] uint8.
+  // (ggml_type, data, cols, rows, packed): F32 / BF16 dense [rows, cols], or GGUF blocks
+  // [rows, row_bytes] uint8, or (packed) blocks packed in panels of 16 rows (pack_panels).
   kc::WeightMatrix matrix(py::handle spec, const char* name) {
     py::tuple t = py::reinterpret_borrow<py::tuple>(spec);
     const int type = t[0].cast<int>();
@@ -163,7 +164,7 @@ class LlamaForwardHandle {
       return w;
     }
     w.quantized = true;
-    w.q = quantized_matrix(t[1], type, cols, name);
+    w.q = quantized_matrix(t[1], type, cols, name, t[4].cast<bool>() ? t[3].cast<int64_t>() : -1);
     w.rows = w.q.rows;
     return w;
   }

@@ -7,7 +7,7 @@ namespace mindie::host {
 
 namespace kc = kernels::cpu;
 
-kc::QMatrix quantized_matrix(py::handle data_obj, int ggml_type, int64_t cols, const char* name) {
+kc::QMatrix quantized_matrix(py::handle data_obj, int ggml_type, int64_t cols, const char* name, int64_t packed_rows) {
   Tensor data(data_obj, name);
   kc::QFormatInfo info;
   try {
@@ -20,19 +20,42 @@ kc::QMatrix quantized_matrix(py::handle data_obj, int ggml_type, int64_t cols, c
     fail(std::string(name) + ": columns must be a positive multiple of " + std::to_string(info.block_elems) +
          " for this format, got " + std::to_string(cols));
   data.expect_size(1, cols / info.block_elems * info.block_bytes, "bytes per row of the format");
-  return {data.ptr<uint8_t>(), data.size(0), cols, data.size(1), static_cast<kc::QFormat>(ggml_type)};
+  const auto format = static_cast<kc::QFormat>(ggml_type);
+  if (packed_rows < 0) return {data.ptr<uint8_t>(), data.size(0), cols, data.size(1), format};
+  if (!kc::packs_in_panels(format)) fail(std::string(name) + ": only Q4_0, Q4_1 and Q8_0 matrices pack in panels");
+  if (packed_rows < 1) fail(std::string(name) + ": a packed matrix has at least one row");
+  data.expect_size(0, kc::packed_rows(packed_rows), "rows of the packed matrix (its rows rounded up to 16)");
+  return {data.ptr<uint8_t>(), packed_rows, cols, data.size(1), format, true};
 }
 
 namespace {
 
-void dequantize(py::handle out_obj, py::handle data_obj, int ggml_type) {
+void dequantize(py::handle out_obj, py::handle data_obj, int ggml_type, bool packed) {
   Tensor out(out_obj, "out");
   out.expect(ElemType::kFloat32).expect_ndim(2).expect_inner_contiguous(1);
-  const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, out.size(1), "data");
+  const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, out.size(1), "data", packed ? out.size(0) : -1);
   out.expect_size(0, w.rows, "rows of data");
   kc::DequantizeArgs args{w, 0, w.rows, out.ptr<float>(), out.stride(0), nullptr};
   py::gil_scoped_release nogil;
   kc::dequantize_rows(args);
+}
+
+void pack_panels(py::handle out_obj, py::handle data_obj, int ggml_type) {
+  Tensor data(data_obj, "data"), out(out_obj, "out");
+  data.expect(ElemType::kUInt8).expect_ndim(2);
+  kc::QFormatInfo info;
+  try {
+    info = kc::qformat_info(ggml_type);
+  } catch (const std::invalid_argument& e) {
+    fail(std::string("data: ") + e.what());
+  }
+  if (data.size(1) % info.block_bytes != 0) fail("data: bytes per row must be a multiple of the format's block size");
+  const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, data.size(1) / info.block_bytes * info.block_elems, "data");
+  if (!kc::packs_in_panels(w.format)) fail("data: only Q4_0, Q4_1 and Q8_0 matrices pack in panels");
+  out.expect(ElemType::kUInt8).expect_ndim(2).expect_contiguous().expect_size(0, kc::packed_rows(w.rows), "rows of data rounded up to 16")
+      .expect_size(1, w.row_bytes, "bytes per row of data");
+  py::gil_scoped_release nogil;
+  kc::pack_panels(w, out.ptr<uint8_t>());
 }
 
 void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) {
@@ -50,10 +73,11 @@ void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) 
 }
 
 // The weight, bias and output of a one-matrix qmatmul over m activation rows of k columns.
-kc::QMatmulArgs one_target(py::handle out_obj, py::handle data_obj, int ggml_type, py::handle bias_obj, int64_t m,
-                           int64_t k, const char* x_name) {
+kc::QMatmulArgs one_target(py::handle out_obj, py::handle data_obj, int ggml_type, py::handle bias_obj, bool packed,
+                           int64_t m, int64_t k, const char* x_name) {
   Tensor out(out_obj, "out");
-  const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, k, "weight");
+  out.expect_ndim(2);
+  const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, k, "weight", packed ? out.size(1) : -1);
   const std::string rows_of_x = std::string("rows of ") + x_name;
   out.expect(ElemType::kFloat32).expect_ndim(2).expect_inner_contiguous(1).expect_size(0, m, rows_of_x.c_str())
       .expect_size(1, w.rows, "rows of weight");
@@ -72,23 +96,24 @@ kc::QMatmulArgs one_target(py::handle out_obj, py::handle data_obj, int ggml_typ
 }
 
 void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle data_obj, int ggml_type,
-             py::handle bias_obj) {
+             py::handle bias_obj, bool packed) {
   Tensor q(q_obj, "xq"), d(d_obj, "xd");
   q.expect(ElemType::kInt8).expect_ndim(3).expect_contiguous().expect_size(1, 2, "planes");
   const int64_t m = q.size(0), k = q.size(2);
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of xq")
       .expect_size(1, k / 32, "blocks of xq");
-  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, m, k, "xq");
+  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, packed, m, k, "xq");
   args.xq = q.ptr<int8_t>();
   args.xd = d.ptr<float>();
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
 }
 
-void qmatmul_bf16(py::handle out_obj, py::handle x_obj, py::handle data_obj, int ggml_type, py::handle bias_obj) {
+void qmatmul_bf16(py::handle out_obj, py::handle x_obj, py::handle data_obj, int ggml_type, py::handle bias_obj,
+                  bool packed) {
   Tensor x(x_obj, "x");
   x.expect(ElemType::kBFloat16).expect_ndim(2).expect_contiguous();
-  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, x.size(0), x.size(1), "x");
+  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, packed, x.size(0), x.size(1), "x");
   args.xb = x.ptr<kc::bf16_t>();
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
@@ -107,16 +132,20 @@ void round_to_bf16(py::handle out_obj, py::handle x_obj) {
 }  // namespace
 
 void bind_quant(py::module_& m) {
-  m.def("dequantize", &dequantize, py::arg("out"), py::arg("data"), py::arg("ggml_type"),
-        "out [rows, cols] float32 = the GGUF blocks data [rows, row_bytes] (uint8) of ggml type ggml_type.");
+  m.def("dequantize", &dequantize, py::arg("out"), py::arg("data"), py::arg("ggml_type"), py::arg("packed") = false,
+        "out [rows, cols] float32 = the GGUF blocks data [rows, row_bytes] (uint8) of ggml type ggml_type; "
+        "packed: data is packed in panels (pack_panels) and holds rows rounded up to 16.");
+  m.def("pack_panels", &pack_panels, py::arg("out"), py::arg("data"), py::arg("ggml_type"),
+        "out [rows rounded up to 16, row_bytes] uint8 = the Q4_0, Q4_1 or Q8_0 blocks data [rows, row_bytes] "
+        "packed in panels of 16 rows, the layout the decode kernels read without shuffles.");
   m.def("quantize_activations", &quantize_activations, py::arg("q"), py::arg("d"), py::arg("x"),
         "Per row, blocks of 32: x [m, k] float32 ~= d [m, k/32] * (128 * q[:, 0] + q[:, 1]), q [m, 2, k] int8.");
   m.def("qmatmul", &qmatmul, py::arg("out"), py::arg("xq"), py::arg("xd"), py::arg("weight"), py::arg("ggml_type"),
-        py::arg("bias") = py::none(),
+        py::arg("bias") = py::none(), py::arg("packed") = false,
         "out [m, n] float32 = dequant(xq, xd) @ W^T (+ bias) with int8 dot products; W the GGUF blocks "
-        "[n, row_bytes] of ggml_type.");
+        "[n, row_bytes] of ggml_type (packed: packed in panels, n rounded up to 16).");
   m.def("qmatmul_bf16", &qmatmul_bf16, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("ggml_type"),
-        py::arg("bias") = py::none(),
+        py::arg("bias") = py::none(), py::arg("packed") = false,
         "out [m, n] float32 = x [m, k] bfloat16 @ bf16(W)^T (+ bias): W the GGUF blocks [n, row_bytes] of "
         "ggml_type, each value rounded to bfloat16; float32 sums of exact products, pair by pair in k order.");
   m.def("round_to_bf16", &round_to_bf16, py::arg("out"), py::arg("x"),

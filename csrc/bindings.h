@@ -16,7 +16,10 @@ void bind_token_mask(py::module_& m);
 void bind_quant(py::module_& m);
 void bind_forward(py::module_& m);
 
-// A GGUF block-quantized matrix over data [rows, row_bytes] uint8 with `cols` values per row.
-kernels::cpu::QMatrix quantized_matrix(py::handle data, int ggml_type, int64_t cols, const char* name);
+// A GGUF block-quantized matrix over data [rows, row_bytes] uint8 with `cols` values per row; or,
+// with packed_rows >= 0, a matrix of packed_rows rows packed in panels (pack_panels), whose data is
+// [packed_rows rounded up to 16, row_bytes].
+kernels::cpu::QMatrix quantized_matrix(py::handle data, int ggml_type, int64_t cols, const char* name,
+                                       int64_t packed_rows = -1);
 
 }  // namespace mindie::host

@@ -324,10 +324,18 @@ def apply_token_bitmask(
     _C.apply_token_bitmask(logits, bitmask, mask_index)
 
 
-def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
-    """float32 [rows, cols] of GGUF blocks data [rows, row_bytes] (uint8) in ggml_type."""
-    out = torch.empty(data.shape[0], cols, dtype=torch.float32)
-    _C.dequantize(out, data, ggml_type)
+def dequantize(data: torch.Tensor, ggml_type: int, cols: int, packed_rows: int | None = None) -> torch.Tensor:
+    """float32 [rows, cols] of GGUF blocks data [rows, row_bytes] (uint8) in ggml_type; with packed_rows,
+    data is a matrix of that many rows packed in panels (pack_panels)."""
+    out = torch.empty(data.shape[0] if packed_rows is None else packed_rows, cols, dtype=torch.float32)
+    _C.dequantize(out, data, ggml_type, packed_rows is not None)
+    return out
+
+
+def pack_panels(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
+    """Q4_0 / Q4_1 / Q8_0 blocks [rows, row_bytes] packed in panels of 16 rows: [rows rounded up to 16, row_bytes]."""
+    out = torch.empty((data.shape[0] + 15) // 16 * 16, data.shape[1], dtype=torch.uint8)
+    _C.pack_panels(out, data, ggml_type)
     return out
 
 
@@ -341,10 +349,11 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def qmatmul(xq: torch.Tensor, xd: torch.Tensor, weight: torch.Tensor, ggml_type: int,
-            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 [m, n] = the quantized activations times the GGUF-block weight [n, row_bytes]^T."""
-    out = torch.empty(xq.shape[0], weight.shape[0], dtype=torch.float32)
-    _C.qmatmul(out, xq, xd, weight, ggml_type, bias)
+            bias: torch.Tensor | None = None, packed_rows: int | None = None) -> torch.Tensor:
+    """float32 [m, n] = the quantized activations times the GGUF-block weight [n, row_bytes]^T; with
+    packed_rows, weight is a matrix of n = packed_rows rows packed in panels (pack_panels)."""
+    out = torch.empty(xq.shape[0], weight.shape[0] if packed_rows is None else packed_rows, dtype=torch.float32)
+    _C.qmatmul(out, xq, xd, weight, ggml_type, bias, packed_rows is not None)
     return out
 
 
@@ -356,9 +365,9 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def qmatmul_bf16(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, packed_rows: int | None = None) -> torch.Tensor:
     """float32 [m, n] = bfloat16 x [m, k] times the GGUF-block weight [n, row_bytes]^T, each weight rounded to
-    bfloat16."""
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    _C.qmatmul_bf16(out, x, weight, ggml_type, bias)
+    bfloat16; packed_rows as in qmatmul."""
+    out = torch.empty(x.shape[0], weight.shape[0] if packed_rows is None else packed_rows, dtype=torch.float32)
+    _C.qmatmul_bf16(out, x, weight, ggml_type, bias, packed_rows is not None)
     return out

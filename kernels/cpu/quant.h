@@ -54,12 +54,35 @@ constexpr QFormatInfo qformat_info(int ggml_type) {
                               " is not a supported quantized format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
 }
 
-// A weight matrix [rows, cols] in `format`, row-major: row r starts at data + r * row_bytes.
+// A weight matrix [rows, cols] in `format`: row-major (row r starts at data + r * row_bytes), or,
+// with `panels` set, packed in panels (below).
 struct QMatrix {
   const uint8_t* data;
   int64_t rows, cols, row_bytes;
   QFormat format;
+  bool panels = false;
 };
+
+// Panel packing (pack_panels), for Q4_0, Q4_1 and Q8_0: the decode kernels then read 16 rows as
+// whole vectors, one row per 4-byte lane, with no shuffles (the row layout costs three inserts per
+// four rows, which bounds a GEMV well below the memory's rate). The rows are padded with zero rows
+// to a multiple of kPackRows; panel p (rows 16p to 16p + 15) takes the 16 * row_bytes bytes at
+// data + 16p * row_bytes, as its rows do in the row layout: first each block's quants, then each
+// block's headers. Block b's quants are runs of 64 bytes (4 for the 16 nibble bytes of Q4_0 and
+// Q4_1, 8 for Q8_0's 32 values) whose 4-byte lane r holds bytes 4v..4v+3 of row r's quants in run
+// v, as GGUF stores them (Q4: low nibbles values 0-15, high nibbles values 16-31). Block b's
+// headers are the 16 rows' d (half), then for Q4_1 the 16 rows' m (half).
+constexpr int kPackRows = 16;
+constexpr bool packs_in_panels(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
+// Per row and block: the bytes of quants and of header (d, and Q4_1's m).
+constexpr int packed_quant_bytes(QFormat f) { return f == QFormat::kQ8_0 ? 32 : 16; }
+constexpr int packed_header_bytes(QFormat f) { return f == QFormat::kQ4_1 ? 4 : 2; }
+constexpr int64_t packed_rows(int64_t rows) { return (rows + kPackRows - 1) / kPackRows * kPackRows; }
+// `src` (row layout) into out [packed_rows(rows), row_bytes]. Throws std::invalid_argument for a
+// format that does not pack.
+void pack_panels(const QMatrix& src, uint8_t* out);
+// Row `row` of a packed matrix in the row layout: row_bytes bytes into out.
+void unpack_panel_row(const QMatrix& w, int64_t row, uint8_t* out);
 
 // Staged rows [first_row, first_row + num_rows) of a matrix; arrays are [num_rows, cols],
 // [num_rows, cols / 16] and [num_rows, cols / 16], rows back to back.

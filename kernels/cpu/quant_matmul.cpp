@@ -4,8 +4,8 @@
 // at a time. The result of an output element depends only on its weight row and activation row: the
 // tile shape, the number of activation rows and the thread split decide where it is computed, never
 // how (Int8Panel::tile reduces each element in one lane, in one fixed order). With few activation
-// rows (decode), panels of the formats whose blocks hold plain bytes are instead streamed from the
-// weights where they lie (Int8Panel::stream), to the same sums in the same order.
+// rows (decode), matrices packed in panels (quant.h) are instead read where they lie
+// (Int8Panel::stream), to the same sums in the same order.
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
@@ -20,25 +20,54 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-// One staged panel: the rows as stage_rows writes them, then transposed into the panel layout.
+// A packed panel (see quant.h) staged: its runs are already the panel layout's lanes, Q4's two
+// nibbles apart. Prefetches `next`, a panel of the same shape, block by block.
+template <QFormat F>
+void stage_packed(const uint8_t* panel, const uint8_t* next, int64_t blocks, int8_t* q, float* scale, float* offset) {
+  constexpr int64_t kQuant = kPackRows * packed_quant_bytes(F), kHeader = kPackRows * packed_header_bytes(F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (next != nullptr)
+      for (int64_t off = b * (kQuant + kHeader); off < (b + 1) * (kQuant + kHeader); off += 64) __builtin_prefetch(next + off);
+    const uint8_t* h = panel + blocks * kQuant + b * kHeader;
+    for (int r = 0; r < kPanelRows; ++r) {
+      const float d = half_to_float(h + 2 * r);
+      const float o = F == QFormat::kQ4_1 ? half_to_float(h + 2 * kPanelRows + 2 * r) : F == QFormat::kQ4_0 ? -8.f * d : 0.f;
+      for (int g = 0; g < 2; ++g) {
+        scale[(2 * b + g) * kPanelRows + r] = d;
+        offset[(2 * b + g) * kPanelRows + r] = o;
+      }
+    }
+    const uint8_t* src = panel + b * kQuant;
+    int8_t* dst = q + 2 * b * kPanelGroupBytes;
+    if constexpr (F == QFormat::kQ8_0) {
+      std::memcpy(dst, src, 2 * kPanelGroupBytes);
+    } else {
+      for (int64_t i = 0; i < kPanelGroupBytes; ++i) {
+        dst[i] = static_cast<int8_t>(src[i] & 0x0F);
+        dst[kPanelGroupBytes + i] = static_cast<int8_t>(src[i] >> 4);
+      }
+    }
+  }
+}
+
+// One staged panel: a packed one through stage_packed, else the rows as stage_rows writes them,
+// then transposed into the panel layout.
 struct PanelBuffer {
   std::vector<int8_t> row_q, q;
   std::vector<float> row_scale, row_offset, scale, offset;
 
-  template <class D>
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
     const int64_t k = w.cols, groups = k / 16;
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, w.rows - row0));
     q.resize(groups * kPanelGroupBytes);
     scale.resize(groups * kPanelRows);
     offset.resize(groups * kPanelRows);
-    if (rows == kPanelRows && D::stages(w.format)) {
+    if (w.panels) {
       const uint8_t* at = w.data + row0 * w.row_bytes;
       switch (w.format) {
-        case QFormat::kQ4_0: return D::template stage_blocks<QFormat::kQ4_0>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
-        case QFormat::kQ4_1: return D::template stage_blocks<QFormat::kQ4_1>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
-        case QFormat::kQ8_0: return D::template stage_blocks<QFormat::kQ8_0>(at, next, w.row_bytes, k / 32, q.data(), scale.data(), offset.data());
-        default: break;
+        case QFormat::kQ4_0: return stage_packed<QFormat::kQ4_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
+        case QFormat::kQ4_1: return stage_packed<QFormat::kQ4_1>(at, next, k / 32, q.data(), scale.data(), offset.data());
+        default: return stage_packed<QFormat::kQ8_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
       }
     }
     row_q.resize(kPanelRows * k);
@@ -66,10 +95,12 @@ struct PanelBuffer {
 // Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
 // (at every matrix start, and again and again in small ones). A thread asks for its first panels
 // at once; staging a panel then prefetches, block by block, the panel it stages next.
+int64_t panel_bytes(const QMatrix& w, int64_t row0) {
+  return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
+}
 void prefetch_panel(const QMatrix& w, int64_t row0) {
-  const int64_t rows = std::min<int64_t>(kPanelRows, w.rows - row0);
   const uint8_t* at = w.data + row0 * w.row_bytes;
-  for (int64_t off = 0; off < rows * w.row_bytes; off += 64) __builtin_prefetch(at + off);
+  for (int64_t off = 0; off < panel_bytes(w, row0); off += 64) __builtin_prefetch(at + off);
 }
 
 struct Panel {
@@ -169,9 +200,9 @@ struct PanelSplit {
   }
 };
 
-// Stages every panel of a's targets (through D's staging) and hands them to `apply(p, buf, n)` up
+// Stages every panel of a's targets and hands them to `apply(p, buf, n)` up
 // to R at a time, n panels of one target (so that they share a format).
-template <class D, int R, class Apply>
+template <int R, class Apply>
 void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
   const PanelSplit split(a);
   split.run([&](int64_t begin, int64_t end) {
@@ -183,12 +214,12 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
       const int j = split.target_of(pi);
       for (; n < R && pi < end && pi < split.first[j + 1]; ++n, ++pi) {
         p[n] = {&a.targets[j], (pi - split.first[j]) * kPanelRows};
-        const uint8_t* next = nullptr;  // the panel staged R on, when it is a whole one
+        const uint8_t* next = nullptr;  // the panel staged R on, when it is a packed one
         if (pi + R < end) {
           const Panel pn = split.locate(pi + R);
-          if (pn.row0 + kPanelRows <= pn.target->w.rows) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
+          if (pn.target->w.panels) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
         }
-        buf[n].template stage<D>(a.targets[j].w, p[n].row0, next);
+        buf[n].stage(a.targets[j].w, p[n].row0, next);
       }
       apply_group(p, buf, n);
     }
@@ -198,8 +229,8 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
 // How many panels ahead of the one it computes a streaming thread prefetches.
 constexpr int64_t kStreamAhead = 2;
 
-// C activation rows against every panel straight from the weight blocks (D::stream), with no
-// staging: the decode path. A matrix's last, partial panel is read from a zero-padded copy.
+// C activation rows against every packed panel as it lies (D::stream), with no staging: the
+// decode path.
 template <class D, int C>
 void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   const PanelSplit split(a);
@@ -214,22 +245,15 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       if (pi + kStreamAhead < end) {
         const Panel n = split.locate(pi + kStreamAhead);
         pf = n.target->w.data + n.row0 * n.target->w.row_bytes;
-        pf_bytes = std::min<int64_t>(kPanelRows, n.target->w.rows - n.row0) * n.target->w.row_bytes;
+        pf_bytes = panel_bytes(n.target->w, n.row0);
       }
       const int64_t pf_step = (pf_bytes / blocks + 63) / 64 * 64;
-      const uint8_t* rows = w.data + p.row0 * w.row_bytes;
-      const int64_t valid = std::min<int64_t>(kPanelRows, w.rows - p.row0);
-      if (valid < kPanelRows) {
-        thread_local std::vector<uint8_t> padded;
-        padded.assign(kPanelRows * w.row_bytes, 0);
-        std::memcpy(padded.data(), rows, valid * w.row_bytes);
-        rows = padded.data();
-      }
+      const uint8_t* panel = w.data + p.row0 * w.row_bytes;
       float out[C * kPanelRows];
       switch (w.format) {
-        case QFormat::kQ4_0: D::template stream<QFormat::kQ4_0, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
-        case QFormat::kQ4_1: D::template stream<QFormat::kQ4_1, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
-        default: D::template stream<QFormat::kQ8_0, C>(rows, w.row_bytes, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+        case QFormat::kQ4_0: D::template stream<QFormat::kQ4_0, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+        case QFormat::kQ4_1: D::template stream<QFormat::kQ4_1, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
+        default: D::template stream<QFormat::kQ8_0, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
       }
       store_tile<1>(&p, out, a, 0, C);
     }
@@ -271,10 +295,10 @@ void run_int8(const QMatmulArgs& a) {
   const std::vector<ActRef>& x = prepare_activations(a);
   if constexpr (D::kStreamCols > 0) {
     bool streams = a.m >= 1 && a.m <= D::kStreamCols;
-    for (int j = 0; j < a.num_targets; ++j) streams = streams && D::streams(a.targets[j].w.format);
+    for (int j = 0; j < a.num_targets; ++j) streams = streams && a.targets[j].w.panels;
     if (streams) return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(a, x); });
   }
-  for_each_panel_group<D, D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+  for_each_panel_group<D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
     const QFormatInfo info = qformat_info(static_cast<int>(p[0].target->w.format));
     with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });
   });
@@ -293,13 +317,13 @@ void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, co
 
 // Bf16 activations: each staged int8 panel is converted to a bf16 panel (B::convert), once per
 // call, then applied to every row.
-template <class D, class B>
+template <class B>
 void run_bf16(const QMatmulArgs& a) {
   constexpr int R = B::kTilePanels;
   const int64_t groups = a.k / 16, panel_elems = groups * kBf16PanelGroupElems;
   std::vector<const bf16_t*> x(a.m);
   for (int64_t c = 0; c < a.m; ++c) x[c] = a.xb + c * a.k;
-  for_each_panel_group<D, R>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+  for_each_panel_group<R>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
     thread_local std::vector<bf16_t> panels;
     if (static_cast<int64_t>(panels.size()) < R * panel_elems) panels.resize(R * panel_elems);
     const bf16_t* w[R];
@@ -336,20 +360,15 @@ void round_to_bf16(const RoundToBf16Args& a) {
 }
 
 void qmatmul(const QMatmulArgs& a) {
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  using Staging = Int8Panel<true>;
-  const bool vnni = use_avx512_vnni();
-#else
-  using Staging = Int8Panel<false>;
-  constexpr bool vnni = false;
-#endif
   if (a.xb != nullptr) {
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
-    if (cpu_has_avx512_bf16()) return run_bf16<Staging, Bf16Panel>(a);
+    if (cpu_has_avx512_bf16()) return run_bf16<Bf16Panel>(a);
 #endif
-    return run_bf16<Staging, Bf16PanelGeneric>(a);
+    return run_bf16<Bf16PanelGeneric>(a);
   }
-  if (vnni) return run_int8<Staging>(a);
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
+  if (use_avx512_vnni()) return run_int8<Int8Panel<true>>(a);
+#endif
   run_int8<Int8Panel<false>>(a);
 }
 

@@ -116,8 +116,14 @@ void stage_q6_k(const uint8_t* b, int8_t* q, float* s, float* o) {
 template <void (*Fn)(const uint8_t*, int8_t*, float*, float*), int BlockElems, int BlockBytes>
 void stage(const StageArgs& a) {
   const int64_t k = a.w.cols, blocks = k / BlockElems;
+  thread_local std::vector<uint8_t> unpacked;  // a packed matrix's row, back in the row layout
+  if (a.w.panels) unpacked.resize(a.w.row_bytes);
   for (int64_t r = 0; r < a.num_rows; ++r) {
     const uint8_t* row = a.w.data + (a.first_row + r) * a.w.row_bytes;
+    if (a.w.panels) {
+      unpack_panel_row(a.w, a.first_row + r, unpacked.data());
+      row = unpacked.data();
+    }
     int8_t* q = a.q + r * k;
     float* s = a.scale + r * (k / 16);
     float* o = a.offset + r * (k / 16);

@@ -29,7 +29,7 @@ namespace MINDIE_ISA_NS {
 // A panel: weight rows [row0, row0 + 16) side by side. For 16-value group j, q holds four 64-byte
 // vectors whose 4-byte lane r is values 4v..4v+3 of the group in row r (kPanelGroupBytes per group),
 // scale and offset hold the group's 16 row values. Rows past the matrix's end are zero.
-constexpr int kPanelRows = 16;
+constexpr int kPanelRows = kPackRows;  // a staged panel holds the rows of a packed one
 constexpr int64_t kPanelGroupBytes = 16 * kPanelRows;
 struct PanelRef {
   const int8_t* q;
@@ -102,70 +102,6 @@ struct Int8Panel {
     return _mm512_set1_epi32(v);
   }
   // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
-
-  // Full panels of Q4_0, Q4_1 and Q8_0 staged straight from their blocks (rows at row_bytes apart):
-  // the same panel, byte for byte, as stage_rows followed by the transpose in quant_matmul.cpp.
-  static constexpr bool stages(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
-  // 16 rows' 16-byte runs at `at` (row r at at + r * row_bytes) -> four vectors, vector v's lane r
-  // holding dword v of row r.
-  static void transpose16x4(const uint8_t* at, int64_t row_bytes, __m512i out[4]) {
-    const __m512i by_dword = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    __m512i t[4];
-    for (int g = 0; g < 4; ++g) {
-      const uint8_t* r0 = at + 4 * g * row_bytes;
-      __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + row_bytes)), 1);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 2 * row_bytes)), 2);
-      v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 3 * row_bytes)), 3);
-      t[g] = _mm512_permutexvar_epi32(by_dword, v);  // 128-bit lane v: dword v of the four rows
-    }
-    const __m512i lo01 = _mm512_shuffle_i32x4(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i lo23 = _mm512_shuffle_i32x4(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512i hi01 = _mm512_shuffle_i32x4(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512i hi23 = _mm512_shuffle_i32x4(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2));
-    out[0] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(2, 0, 2, 0));
-    out[1] = _mm512_shuffle_i32x4(lo01, lo23, _MM_SHUFFLE(3, 1, 3, 1));
-    out[2] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(2, 0, 2, 0));
-    out[3] = _mm512_shuffle_i32x4(hi01, hi23, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-  template <QFormat F>
-  static void stage_blocks(const uint8_t* rows, const uint8_t* next, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale,
-                           float* offset) {
-    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
-    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;  // d (and Q4_1's min) as halves
-    const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                              _mm512_set1_epi32(static_cast<int>(row_bytes)));
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* at = rows + b * kBytes;
-      if (next != nullptr)
-        for (int r = 0; r < kPanelRows; ++r) __builtin_prefetch(next + r * row_bytes + b * kBytes);
-      const __m512i header = _mm512_i32gather_epi32(row_at, at, 1);
-      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
-      __m512 o;
-      if constexpr (F == QFormat::kQ4_1) o = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
-      else if constexpr (F == QFormat::kQ4_0) o = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
-      else o = _mm512_setzero_ps();
-      for (int g = 0; g < 2; ++g) {
-        _mm512_storeu_ps(scale + (2 * b + g) * 16, d);
-        _mm512_storeu_ps(offset + (2 * b + g) * 16, o);
-      }
-      __m512i v[4];
-      int8_t* dst = q + 2 * b * kPanelGroupBytes;
-      if constexpr (F == QFormat::kQ8_0) {
-        for (int g = 0; g < 2; ++g) {
-          transpose16x4(at + kHeader + 16 * g, row_bytes, v);
-          for (int i = 0; i < 4; ++i) _mm512_storeu_si512(dst + g * kPanelGroupBytes + 64 * i, v[i]);
-        }
-      } else {
-        transpose16x4(at + kHeader, row_bytes, v);
-        const __m512i mask = _mm512_set1_epi8(0x0F);
-        for (int i = 0; i < 4; ++i) {
-          _mm512_storeu_si512(dst + 64 * i, _mm512_and_si512(v[i], mask));
-          _mm512_storeu_si512(dst + kPanelGroupBytes + 64 * i, _mm512_and_si512(_mm512_srli_epi16(v[i], 4), mask));
-        }
-      }
-    }
-  }
   template <int R, int C, bool Signed, int S>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
@@ -210,104 +146,58 @@ struct Int8Panel {
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
 
-  // Few activation rows (decode): a whole panel of Q4_0, Q4_1 or Q8_0 read straight from its
-  // blocks, no staging. Vector g holds 16 bytes of rows g, g + 4, g + 8 and g + 12 in its four
-  // 128-bit lanes and meets activation values as they lie; reduce4 then sums each 128-bit lane into
-  // one lane per row. The span sums are the same exact int32 values as tile()'s and the float chain
-  // the same, so a row gets the same bits whichever of the two computes it.
+  // Few activation rows (decode): a packed panel (see quant.h) read as it lies. Run v of a block
+  // holds 4 bytes of each row, one row per lane, and meets 4 activation values broadcast to every
+  // lane, as tile() meets a staged panel: the span sums are tile()'s exact int32 values and the
+  // float chain is tile()'s, so a row gets the same bits whichever of the two computes it.
   static constexpr int kStreamCols = 8;
-  static constexpr bool streams(QFormat f) { return stages(f); }
-  static __m512i load_rows4(const uint8_t* p, int64_t stride) {
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * stride)), 2);
-    return _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * stride)), 3);
-  }
-  static __m512i broadcast16(const int8_t* p) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  // Lane r: the first 4 bytes at row r (rows row_bytes apart), a block's header. Four row loads
-  // and three unpacks cost a third less than a 16-lane gather.
-  static __m512i headers16(const uint8_t* at, int64_t row_bytes) {
-    __m512i a[4];
-    for (int g = 0; g < 4; ++g) a[g] = load_rows4(at + g * row_bytes, 4 * row_bytes);
-    return _mm512_unpacklo_epi64(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpacklo_epi32(a[2], a[3]));
-  }
-  // Lane 4L + g: the sum of the four int32 lanes in 128-bit lane L of a[g].
-  static __m512i reduce4(const __m512i a[4]) {
-    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]), _mm512_unpackhi_epi32(a[0], a[1]));
-    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]), _mm512_unpackhi_epi32(a[2], a[3]));
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-  }
-  // Per-lane partial sums of 128 * (u0 . h0 + u1 . h1) + (u0 . l0 + u1 . l1): u unsigned bytes,
-  // the others activation bytes. Without VNNI the 16-bit pair sums of one plane are added before
-  // widening, which stays exact while u < 64 (the unsigned formats).
-  static __m512i span_dot(__m512i u0, __m512i u1, __m512i h0, __m512i h1, __m512i l0, __m512i l1) {
-    if constexpr (Vnni) {
-      const __m512i hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u0, h0), u1, h1);
-      return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(hi, 7), u0, l0), u1, l1);
-    } else {
-      const __m512i hi = _mm512_add_epi16(_mm512_maddubs_epi16(u0, h0), _mm512_maddubs_epi16(u1, h1));
-      const __m512i lo = _mm512_add_epi16(_mm512_maddubs_epi16(u0, l0), _mm512_maddubs_epi16(u1, l1));
-      return _mm512_add_epi32(_mm512_madd_epi16(hi, _mm512_set1_epi16(128)), _mm512_madd_epi16(lo, _mm512_set1_epi16(1)));
-    }
-  }
-  // out[c * 16 + r] = f of panel row r (rows at `rows`, row_bytes apart) and activation row c.
-  // Prefetches [pf, pf_end) meanwhile, pf_step bytes per block.
+  // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
+  // pf_step bytes per block.
   template <QFormat F, int C>
-  static void stream(const uint8_t* rows, int64_t row_bytes, int64_t blocks, const ActRef* x, const uint8_t* pf,
-                     const uint8_t* pf_end, int64_t pf_step, float* out) {
-    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
-    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
+  static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
+                     int64_t pf_step, float* out) {
+    constexpr int64_t kQuantBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const uint8_t* headers = panel + blocks * kQuantBytes;
+    const __m512i nibble = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
     __m512 f[C];
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
-      const uint8_t* at = rows + b * kBytes;
-      const __m512i header = headers16(at, row_bytes);
-      const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(header));
-      __m512i u0[4], u1[4];
-      for (int g = 0; g < 4; ++g) {
-        const uint8_t* q = at + kHeader + g * row_bytes;
+      const uint8_t* q = panel + b * kQuantBytes;
+      const uint8_t* h = headers + b * kHeaderBytes;
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+      // u[v] pairs with activation values 4v..4v+3 of the block.
+      __m512i u[8];
+      __mmask64 neg[8];
+      for (int v = 0; v < 8; ++v) {
         if constexpr (F == QFormat::kQ8_0) {
-          u0[g] = load_rows4(q, 4 * row_bytes);
-          u1[g] = load_rows4(q + 16, 4 * row_bytes);
-        } else {
-          const __m512i v = load_rows4(q, 4 * row_bytes);
-          u0[g] = _mm512_and_si512(v, nibble);
-          u1[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+          // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
+          const __m512i w = _mm512_loadu_si512(q + 64 * v);
+          neg[v] = _mm512_movepi8_mask(w);
+          u[v] = _mm512_abs_epi8(w);
+        } else if (v < 4) {
+          const __m512i w = _mm512_loadu_si512(q + 64 * v);
+          u[v] = _mm512_and_si512(w, nibble);
+          u[v + 4] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
         }
       }
-      if constexpr (F == QFormat::kQ8_0) {
-        // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
-        for (int c = 0; c < C; ++c) {
-          const int8_t* h = x[c].hi + 32 * b;
-          const int8_t* l = x[c].lo + 32 * b;
-          const __m512i h0 = broadcast16(h), h1 = broadcast16(h + 16), l0 = broadcast16(l), l1 = broadcast16(l + 16);
-          __m512i acc[4];
-          for (int g = 0; g < 4; ++g) {
-            const __mmask64 n0 = _mm512_movepi8_mask(u0[g]), n1 = _mm512_movepi8_mask(u1[g]);
-            const __m512i a0 = _mm512_abs_epi8(u0[g]), a1 = _mm512_abs_epi8(u1[g]);
-            const __m512i z = _mm512_setzero_si512();
-            const __m512i sh0 = _mm512_mask_sub_epi8(h0, n0, z, h0), sh1 = _mm512_mask_sub_epi8(h1, n1, z, h1);
-            const __m512i sl0 = _mm512_mask_sub_epi8(l0, n0, z, l0), sl1 = _mm512_mask_sub_epi8(l1, n1, z, l1);
-            // |q| may be 128: each byte product's pair sums are widened on their own (dot).
-            acc[g] = dot(dot(_mm512_slli_epi32(dot(dot(z, a0, sh0), a1, sh1), 7), a0, sl0), a1, sl1);
+      for (int c = 0; c < C; ++c) {
+        // Two chains per plane: the int32 sums are exact, so their order does not matter.
+        __m512i acc[2][2] = {{z, z}, {z, z}};
+        for (int plane = 0; plane < 2; ++plane) {
+          const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+          for (int v = 0; v < 8; ++v) {
+            __m512i s = broadcast4(a + 4 * v);
+            if constexpr (F == QFormat::kQ8_0) s = _mm512_mask_sub_epi8(s, neg[v], z, s);
+            acc[plane][v % 2] = dot(acc[plane][v % 2], u[v], s);
           }
-          f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce4(acc)), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
         }
-      } else {
-        __m512 o;
-        if constexpr (F == QFormat::kQ4_1) o = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(header, 16)));
-        else o = _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
-        for (int c = 0; c < C; ++c) {
-          const int8_t* h = x[c].hi + 32 * b;
-          const int8_t* l = x[c].lo + 32 * b;
-          const __m512i h0 = broadcast16(h), h1 = broadcast16(h + 16), l0 = broadcast16(l), l1 = broadcast16(l + 16);
-          __m512i acc[4];
-          for (int g = 0; g < 4; ++g) acc[g] = span_dot(u0[g], u1[g], h0, h1, l0, l1);
-          f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(reduce4(acc)), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
+        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
+                                             _mm512_add_epi32(acc[1][0], acc[1][1]));
+        f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
+        if constexpr (F != QFormat::kQ8_0) {
+          const __m512 o = F == QFormat::kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 32)))
+                                               : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
           f[c] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[c].sum32[b]), f[c]);
         }
       }
@@ -358,66 +248,6 @@ struct Int8Panel {
     return _mm256_set1_epi32(v);
   }
 
-  // See the AVX-512 variant: rows 0-7 and 8-15 are transposed as two halves.
-  static constexpr bool stages(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
-  // 8 rows' 16-byte runs -> four vectors, vector v's lane r holding dword v of row r.
-  static void transpose8x4(const uint8_t* at, int64_t row_bytes, __m256i out[4]) {
-    const __m256i by_dword = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    __m256i t[4];
-    for (int p = 0; p < 4; ++p) {
-      const uint8_t* r0 = at + 2 * p * row_bytes;
-      const __m256i v = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + row_bytes)),
-                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0)));
-      t[p] = _mm256_permutevar8x32_epi32(v, by_dword);  // qword v: dword v of the two rows
-    }
-    const __m256i lo01 = _mm256_unpacklo_epi64(t[0], t[1]), hi01 = _mm256_unpackhi_epi64(t[0], t[1]);
-    const __m256i lo23 = _mm256_unpacklo_epi64(t[2], t[3]), hi23 = _mm256_unpackhi_epi64(t[2], t[3]);
-    out[0] = _mm256_permute2x128_si256(lo01, lo23, 0x20);
-    out[1] = _mm256_permute2x128_si256(hi01, hi23, 0x20);
-    out[2] = _mm256_permute2x128_si256(lo01, lo23, 0x31);
-    out[3] = _mm256_permute2x128_si256(hi01, hi23, 0x31);
-  }
-  template <QFormat F>
-  static void stage_blocks(const uint8_t* rows, const uint8_t* next, int64_t row_bytes, int64_t blocks, int8_t* q, float* scale,
-                           float* offset) {
-    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
-    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* at = rows + b * kBytes;
-      if (next != nullptr)
-        for (int r = 0; r < kPanelRows; ++r) __builtin_prefetch(next + r * row_bytes + b * kBytes);
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* half = at + 8 * h * row_bytes;
-        alignas(32) float d[8], o[8];
-        for (int r = 0; r < 8; ++r) {
-          d[r] = half_to_float(half + r * row_bytes);
-          if constexpr (F == QFormat::kQ4_1) o[r] = half_to_float(half + r * row_bytes + 2);
-          else if constexpr (F == QFormat::kQ4_0) o[r] = -8.f * d[r];
-          else o[r] = 0.f;
-        }
-        for (int g = 0; g < 2; ++g) {
-          std::memcpy(scale + (2 * b + g) * 16 + 8 * h, d, sizeof d);
-          std::memcpy(offset + (2 * b + g) * 16 + 8 * h, o, sizeof o);
-        }
-        __m256i v[4];
-        int8_t* dst = q + 2 * b * kPanelGroupBytes + 32 * h;
-        if constexpr (F == QFormat::kQ8_0) {
-          for (int g = 0; g < 2; ++g) {
-            transpose8x4(half + kHeader + 16 * g, row_bytes, v);
-            for (int i = 0; i < 4; ++i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + g * kPanelGroupBytes + 64 * i), v[i]);
-          }
-        } else {
-          transpose8x4(half + kHeader, row_bytes, v);
-          const __m256i mask = _mm256_set1_epi8(0x0F);
-          for (int i = 0; i < 4; ++i) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * i), _mm256_and_si256(v[i], mask));
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kPanelGroupBytes + 64 * i),
-                                _mm256_and_si256(_mm256_srli_epi16(v[i], 4), mask));
-          }
-        }
-      }
-    }
-  }
   template <int R, int C, bool Signed, int S>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     __m256 f[R][C][2];
@@ -463,88 +293,57 @@ struct Int8Panel {
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
   }
 
-  // Few activation rows, panels read straight from their blocks: see the AVX-512 variant. Each half
-  // of the panel (rows 8h to 8h + 7) is four vectors, vector g holding rows 8h + g and 8h + 4 + g.
+  // Few activation rows, a packed panel read as it lies: see the AVX-512 variant. Rows 8h to
+  // 8h + 7 are the 32 bytes at 32h of each 64-byte run.
   static constexpr int kStreamCols = 8;
-  static constexpr bool streams(QFormat f) { return stages(f); }
-  static __m256i load_rows2(const uint8_t* p, int64_t stride) {
-    return _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride)),
-                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static __m256i broadcast16(const int8_t* p) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  // Lane r: the first 4 bytes at row r (rows row_bytes apart), a block's header.
-  static __m256i headers8(const uint8_t* at, int64_t row_bytes) {
-    __m256i a[4];
-    for (int g = 0; g < 4; ++g) a[g] = load_rows2(at + g * row_bytes, 4 * row_bytes);
-    return _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpacklo_epi32(a[2], a[3]));
-  }
-  static __m256i reduce4(const __m256i a[4]) {
-    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[0], a[1]), _mm256_unpackhi_epi32(a[0], a[1]));
-    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2], a[3]), _mm256_unpackhi_epi32(a[2], a[3]));
-    return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
-  }
-  // The half-precision values in the low 16 bits of each int32 lane, as floats.
-  static __m256 halves_to_float(__m256i v) {
-    const __m256i low = _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF));
-    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
-  }
-  static __m256i span_dot(__m256i u0, __m256i u1, __m256i h0, __m256i h1, __m256i l0, __m256i l1) {
-    const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(u0, h0), _mm256_maddubs_epi16(u1, h1));
-    const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(u0, l0), _mm256_maddubs_epi16(u1, l1));
-    return _mm256_add_epi32(_mm256_madd_epi16(hi, _mm256_set1_epi16(128)), _mm256_madd_epi16(lo, _mm256_set1_epi16(1)));
-  }
   template <QFormat F, int C>
-  static void stream(const uint8_t* rows, int64_t row_bytes, int64_t blocks, const ActRef* x, const uint8_t* pf,
-                     const uint8_t* pf_end, int64_t pf_step, float* out) {
-    constexpr int kBytes = qformat_info(static_cast<int>(F)).block_bytes;
-    constexpr int kHeader = F == QFormat::kQ4_1 ? 4 : 2;
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
+  static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
+                     int64_t pf_step, float* out) {
+    constexpr int64_t kQuantBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const uint8_t* headers = panel + blocks * kQuantBytes;
+    const __m256i nibble = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
     __m256 f[C][2];
     for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* at = rows + 8 * h * row_bytes + b * kBytes;
-        const __m256i header = headers8(at, row_bytes);
-        const __m256 d = halves_to_float(header);
-        __m256i u0[4], u1[4];
-        for (int g = 0; g < 4; ++g) {
-          const uint8_t* q = at + kHeader + g * row_bytes;
+        const uint8_t* q = panel + b * kQuantBytes + 32 * h;
+        const uint8_t* hd = headers + b * kHeaderBytes + 16 * h;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd)));
+        __m256i u[8];  // u[v] pairs with activation values 4v..4v+3 of the block
+        for (int v = 0; v < 8; ++v) {
           if constexpr (F == QFormat::kQ8_0) {
-            u0[g] = load_rows2(q, 4 * row_bytes);
-            u1[g] = load_rows2(q + 16, 4 * row_bytes);
-          } else {
-            const __m256i v = load_rows2(q, 4 * row_bytes);
-            u0[g] = _mm256_and_si256(v, nibble);
-            u1[g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+            u[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * v));
+          } else if (v < 4) {
+            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * v));
+            u[v] = _mm256_and_si256(w, nibble);
+            u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
           }
         }
-        if constexpr (F == QFormat::kQ8_0) {
-          for (int c = 0; c < C; ++c) {
-            const int8_t* hp = x[c].hi + 32 * b;
-            const int8_t* lp = x[c].lo + 32 * b;
-            const __m256i h0 = broadcast16(hp), h1 = broadcast16(hp + 16), l0 = broadcast16(lp), l1 = broadcast16(lp + 16);
-            __m256i acc[4];
-            for (int g = 0; g < 4; ++g) {
-              const __m256i a0 = _mm256_abs_epi8(u0[g]), a1 = _mm256_abs_epi8(u1[g]), z = _mm256_setzero_si256();
-              const __m256i hs = dot(dot(z, a0, _mm256_sign_epi8(h0, u0[g])), a1, _mm256_sign_epi8(h1, u1[g]));
-              acc[g] = dot(dot(_mm256_slli_epi32(hs, 7), a0, _mm256_sign_epi8(l0, u0[g])), a1, _mm256_sign_epi8(l1, u1[g]));
+        for (int c = 0; c < C; ++c) {
+          __m256i sum;
+          if constexpr (F == QFormat::kQ8_0) {
+            // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
+            __m256i acc[2] = {z, z};
+            for (int plane = 0; plane < 2; ++plane) {
+              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+              for (int v = 0; v < 8; ++v)
+                acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
             }
-            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(acc)), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+            sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
+          } else {
+            // q < 16: a plane's eight 16-bit pair sums stay below 2^15 before widening.
+            __m256i pairs[2] = {z, z};
+            for (int plane = 0; plane < 2; ++plane) {
+              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+              for (int v = 0; v < 8; ++v) pairs[plane] = _mm256_add_epi16(pairs[plane], _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+            }
+            sum = _mm256_add_epi32(_mm256_madd_epi16(pairs[0], _mm256_set1_epi16(128)), _mm256_madd_epi16(pairs[1], _mm256_set1_epi16(1)));
           }
-        } else {
-          __m256 o;
-          if constexpr (F == QFormat::kQ4_1) o = halves_to_float(_mm256_srli_epi32(header, 16));
-          else o = _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-          for (int c = 0; c < C; ++c) {
-            const int8_t* hp = x[c].hi + 32 * b;
-            const int8_t* lp = x[c].lo + 32 * b;
-            const __m256i h0 = broadcast16(hp), h1 = broadcast16(hp + 16), l0 = broadcast16(lp), l1 = broadcast16(lp + 16);
-            __m256i acc[4];
-            for (int g = 0; g < 4; ++g) acc[g] = span_dot(u0[g], u1[g], h0, h1, l0, l1);
-            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce4(acc)), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+          f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+          if constexpr (F != QFormat::kQ8_0) {
+            const __m256 o = F == QFormat::kQ4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd + 32)))
+                                                 : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
             f[c][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[c].sum32[b]), f[c][h]);
           }
         }
@@ -600,12 +399,7 @@ template <bool Vnni>
 struct Int8Panel {
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;
-
-
-  static constexpr bool stages(QFormat) { return false; }  // scalar panels always go through stage_rows
-  static constexpr int kStreamCols = 0;  // no streaming path: every row goes through panels
-  template <QFormat F>
-  static void stage_blocks(const uint8_t*, const uint8_t*, int64_t, int64_t, int8_t*, float*, float*) {}
+  static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
   template <int R, int C, bool Signed, int S>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)

@@ -168,7 +168,7 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
         heads = _heads_to_unpermute(config, t.name)
         if heads is not None:
             w = w.permute_rows(_unpermute(np.arange(rows), heads))
-        matrices[_hf_name(t.name)] = w
+        matrices[_hf_name(t.name)] = w.packed_in_panels()
     metadata = _metadata(header)
     del raw  # the last view into the mapping
     header.data.close()  # every tensor was copied: the mapping would only keep the file resident

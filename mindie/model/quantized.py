@@ -3,7 +3,9 @@
 A `QuantizedWeight` is what the C++ forward step (`_C.LlamaForward`) multiplies by: block-quantized
 matrices go through the integer matmul, dense float32 / bfloat16 ones through `linear`. Hugging Face
 checkpoints are quantized at load (`--quantization q8_0|q4_0`) with the gguf package's quantizer, so
-both sources end up in the same formats.
+both sources end up in the same formats. Q4_0, Q4_1 and Q8_0 matrices are then packed in panels of
+16 rows (`_C.pack_panels`), the layout the decode kernels read without shuffles: the same bytes
+rearranged, plus zero rows up to a multiple of 16.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mindie import ops
+
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 # ggml type id -> name, for the formats the C++ matmul reads.
 QUANTIZED_FORMATS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+PANEL_FORMATS = {2, 3, 8}  # Q4_0, Q4_1, Q8_0: packed in panels at load
 LOAD_QUANTIZATIONS = {"q8_0": 8, "q4_0": 2}  # --quantization for Hugging Face checkpoints
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A [rows, cols] matrix: uint8 GGUF blocks [rows, row_bytes] in a QUANTIZED_FORMATS type, or
-    float32 / bfloat16 values [rows, cols] (ggml_type F32 / BF16)."""
+    """A [rows, cols] matrix: uint8 GGUF blocks [rows, row_bytes] in a QUANTIZED_FORMATS type (with
+    `packed`, packed in panels: [rows rounded up to 16, row_bytes]), or float32 / bfloat16 values
+    [rows, cols] (ggml_type F32 / BF16)."""
 
     ggml_type: int
     data: torch.Tensor
     rows: int
     cols: int
+    packed: bool = False
 
     @property
     def format_name(self) -> str:
@@ -37,12 +44,21 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def spec(self) -> tuple[int, torch.Tensor, int]:
+    def spec(self) -> tuple[int, torch.Tensor, int, int, bool]:
         """What _C.LlamaForward takes for a matrix."""
-        return self.ggml_type, self.data, self.cols
+        return self.ggml_type, self.data, self.cols, self.rows, self.packed
 
     def permute_rows(self, order: np.ndarray) -> QuantizedWeight:
+        if self.packed:
+            raise ValueError("permute_rows needs the row layout: permute before packing")
         return QuantizedWeight(self.ggml_type, self.data[torch.from_numpy(order)].contiguous(), self.rows, self.cols)
+
+    def packed_in_panels(self) -> QuantizedWeight:
+        """This matrix packed in panels where its format packs, else itself."""
+        if self.packed or self.ggml_type not in PANEL_FORMATS:
+            return self
+        packed = ops.pack_panels(self.data, self.ggml_type)
+        return QuantizedWeight(self.ggml_type, packed, self.rows, self.cols, packed=True)
 
 
 def from_gguf_tensor(ggml_type: int, raw: np.ndarray, cols: int) -> QuantizedWeight:
@@ -70,4 +86,4 @@ def quantize_dense(w: torch.Tensor, quantization: str) -> QuantizedWeight:
         return QuantizedWeight(GGML_F32, w.float().contiguous(), rows, cols)
     qtype = LOAD_QUANTIZATIONS[quantization]
     blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType(qtype))
-    return QuantizedWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), rows, cols)
+    return QuantizedWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), rows, cols).packed_in_panels()

@@ -1,10 +1,14 @@
-"""Random GGUF weight blocks for the quantized-matmul tests."""
+"""Random GGUF weight blocks for the quantized-matmul tests, in the row layout or packed in panels."""
 
 from __future__ import annotations
 
 import gguf
 import numpy as np
 import torch
+
+from mindie import ops
+
+PANEL_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # the formats that pack in panels
 
 
 def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, int]:
@@ -23,3 +27,11 @@ def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tens
         data[:, :, scale_bytes[0]:scale_bytes[1]] = halves
         data = data.reshape(rows, -1)
     return torch.from_numpy(np.ascontiguousarray(data)), int(qtype)
+
+
+def in_layout(data: torch.Tensor, qtype: int, packed: bool) -> tuple[torch.Tensor, dict[str, int]]:
+    """The weight as a kernel takes it: the blocks as they are, or packed in panels, with the keyword
+    arguments (packed_rows) the ops functions then need."""
+    if not packed:
+        return data, {}
+    return ops.pack_panels(data, qtype), {"packed_rows": data.shape[0]}

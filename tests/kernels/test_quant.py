@@ -1,7 +1,8 @@
 """Quantized weights: every GGUF format dequantizes exactly as the gguf package does; activations
 quantize as the reference; the integer matmul, and the bf16 one (bf16 activations against the
 weights rounded to bf16), match float64 math on the same values and give a row the same bits
-whatever the batch, the tile it lands in, or the thread count."""
+whatever the batch, the tile it lands in, the thread count, or the weight's layout (rows as GGUF
+stores them, or packed in panels: Q4_0, Q4_1 and Q8_0 as the model loads them)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers.quant_blocks import random_blocks
+from helpers.quant_blocks import PANEL_FORMATS, in_layout, random_blocks
 from reference import quant as ref
 
 from mindie import _C, ops
 
 FORMATS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+# (format, packed) for every layout a format comes in.
+LAYOUTS = [(fmt, False) for fmt in FORMATS] + [(fmt, True) for fmt in PANEL_FORMATS]
 
 # The AVX-512 variant's int8 products take vpdpbusd where the CPU has VNNI and vpmaddubsw where it
 # has not: on a VNNI CPU both forms run, the second as "avx512-novnni".
@@ -38,25 +41,26 @@ def cols_for(fmt: str) -> list[int]:
     return [256, 768] if fmt.endswith("_K") else [32, 96, 576]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantize_matches_gguf(isa, fmt):
-    for cols in cols_for(fmt):
-        data, qtype = random_blocks(fmt, 7, cols, cols)
-        torch.testing.assert_close(ops.dequantize(data, qtype, cols), ref.dequantize(data, qtype, cols), atol=0, rtol=0)
+@pytest.mark.parametrize("fmt,packed", LAYOUTS)
+def test_dequantize_matches_gguf(isa, fmt, packed):
+    for rows, cols in ((7, cols) for cols in cols_for(fmt)):
+        data, qtype = random_blocks(fmt, rows, cols, cols)
+        weight, layout = in_layout(data, qtype, packed)
+        torch.testing.assert_close(ops.dequantize(weight, qtype, cols, **layout), ref.dequantize(data, qtype, cols),
+                                   atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("k", [32, 64, 96, 576])
-def test_quantize_activations_matches_reference(isa, k):
-    gen = torch.Generator().manual_seed(k)
-    x = torch.randn(5, k, generator=gen) * torch.logspace(-3, 3, k)  # blocks of very different scales
-    x[1, :32] = 0.0  # an all-zero block
-    q, d = ops.quantize_activations(x)
-    want_q, want_d = ref.quantize_activations(x)
-    torch.testing.assert_close(d, want_d, atol=0, rtol=1e-6)
-    # x * inv lands within an ulp of .5 on some values; the two roundings may then differ by one step
-    assert (q.int() - want_q.int()).abs().max() <= 1
-    err = (ref.activations_value(q, d) - x.double()).abs()
-    assert (err <= (want_d.double() * 128.0 / 256.0 + 1e-30).repeat_interleave(32, dim=1) + 1e-12).all()
+@pytest.mark.parametrize("fmt", PANEL_FORMATS)
+def test_a_packed_panel_holds_its_rows_bytes(fmt):
+    """Panel p holds the bytes of rows 16p..16p+15, rearranged (where to: dequantize checks); zero
+    rows pad the last panel."""
+    data, qtype = random_blocks(fmt, 37, 96, 2)
+    packed = ops.pack_panels(data, qtype)
+    assert packed.shape == (48, data.shape[1])
+    padded = torch.cat([data, torch.zeros(11, data.shape[1], dtype=torch.uint8)])
+    for p in range(3):
+        rows = slice(16 * p, 16 * p + 16)
+        assert torch.equal(packed[rows].flatten().sort().values, padded[rows].flatten().sort().values)
 
 
 @dataclass(frozen=True)
@@ -78,27 +82,30 @@ FORMS = {
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt,packed", LAYOUTS)
 @pytest.mark.parametrize("m,n", [(1, 1), (1, 37), (3, 8), (17, 5), (64, 33)])
-def test_qmatmul_matches_reference(isa, form, fmt, m, n):
+def test_qmatmul_matches_reference(isa, form, fmt, packed, m, n):
     f = FORMS[form]
     k = cols_for(fmt)[-1]
     data, qtype = random_blocks(fmt, n, k, m * 100 + n)
+    weight, layout = in_layout(data, qtype, packed)
     gen = torch.Generator().manual_seed(n)
     x = f.prepare(torch.randn(m, k, generator=gen))
     bias = torch.randn(n, generator=gen)
     want = f.reference(*x, data, qtype, bias)
-    torch.testing.assert_close(f.kernel(*x, data, qtype, bias), want, atol=f.atol * want.abs().max().item(), rtol=1e-5)
+    torch.testing.assert_close(f.kernel(*x, weight, qtype, bias, **layout), want,
+                               atol=f.atol * want.abs().max().item(), rtol=1e-5)
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
-def test_qmatmul_rows_are_batch_invariant(isa, form, fmt):
+@pytest.mark.parametrize("fmt,packed", [("Q4_0", True), ("Q4_1", True), ("Q8_0", True), ("Q4_1", False),
+                                        ("Q4_K", False), ("Q6_K", False)])
+def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
     """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (every register
-    tile shape and tail), and with one kernel thread or several; 45 weight rows end in a partial panel,
-    which is staged through stage_rows while the whole ones are staged from their blocks, and in a
-    narrower group of panels. Up to 8 rows of Q4_0, Q4_1 and Q8_0 take the streaming (decode) path,
-    which reads the blocks where they lie, and a partial panel from a zero-padded copy."""
+    tile shape and tail), with one kernel thread or several, and in either layout of the weight; 45
+    weight rows end in a partial panel (zero rows in a packed matrix, staged through stage_rows in the
+    row layout) and in a narrower group of panels. Up to 8 rows against a packed matrix take the
+    streaming (decode) path, which reads the panels where they lie."""
     f = FORMS[form]
     threads = _C.get_num_threads()
     try:
@@ -106,10 +113,12 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt):
             data, qtype = random_blocks(fmt, 45, k, 3)
             x = f.prepare(torch.randn(64, k, generator=torch.Generator().manual_seed(4)))
             full = f.kernel(*x, data, qtype)
+            weight, layout = in_layout(data, qtype, packed)
             for t in sorted({1, threads, 3}):
                 _C.set_num_threads(t)
                 for m in range(1, 65):
-                    assert torch.equal(f.kernel(*(a[64 - m:] for a in x), data, qtype), full[64 - m:]), (k, t, m)
+                    got = f.kernel(*(a[64 - m:] for a in x), weight, qtype, **layout)
+                    assert torch.equal(got, full[64 - m:]), (k, t, m)
     finally:
         _C.set_num_threads(threads)
 
@@ -156,3 +165,11 @@ def test_bad_arguments_raise():
         ops.qmatmul_bf16(torch.randn(2, 64), data, qtype)
     with pytest.raises(ValueError, match="multiple of 32"):
         ops.qmatmul_bf16(torch.randn(2, 40).bfloat16(), data, qtype)
+    packed = ops.pack_panels(data, qtype)
+    with pytest.raises(ValueError, match="rounded up to 16"):
+        ops.qmatmul(q, d, packed, qtype, packed_rows=17)
+    with pytest.raises(ValueError, match="at least one row"):
+        ops.qmatmul(q, d, packed, qtype, packed_rows=0)
+    k_blocks, k_type = random_blocks("Q4_K", 4, 256, 0)
+    with pytest.raises(ValueError, match="only Q4_0, Q4_1 and Q8_0"):
+        ops.pack_panels(k_blocks, k_type)
