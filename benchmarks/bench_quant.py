@@ -3,8 +3,9 @@
     python benchmarks/bench_quant.py
 
 GEMV (batch 1): every projection of the model back to back, as one decode step reads them (more
-bytes than the last-level cache holds), in GB/s of weight bytes and as a share of the read bandwidth
-measured just before it; on a shared host that bandwidth moves from run to run, so the two are
+bytes than the last-level cache holds) and in the calls it makes (q/k/v and gate/up share one),
+in GB/s of weight bytes and as a share of the read bandwidth measured just before it; on a shared
+host that bandwidth moves from run to run, so the two are
 measured in alternation, 5 times, and the median share is printed with its range. GEMM: one
 layer's gate and down projections at 16 and 512 rows, in GFLOP/s, with int8 activations and, where
 the variant has native bf16 dot products, bf16 ones; beside them torch's bf16 `linear` over a dense
@@ -20,23 +21,27 @@ from common import bench, memory_read_bandwidth
 from mindie import _C, ops
 from mindie.model.loader import load_model
 
+# A layer's projections as the forward step calls them: those that share an input in one call.
+PROJECTIONS = [("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+               ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)]
+
 
 def main() -> None:
     model = load_model(None).model
     print(f"kernel threads {_C.get_num_threads()}")
-    weights = list({id(w): w for w in model.matrices.values()}.values())
-    total = sum(w.nbytes for w in weights)
-    inputs = {k: ops.quantize_activations(torch.randn(1, k)) for k in {w.cols for w in weights}}
-    outs = {id(w): torch.empty(1, w.rows) for w in weights}
+    groups = [[model.matrices[f"model.layers.{i}.{name}.weight"] for name in group]
+              for i in range(model.config.num_layers) for group in PROJECTIONS] + [[model.lm_head]]
+    total = sum(w.nbytes for group in groups for w in group)
+    inputs = {k: ops.quantize_activations(torch.randn(1, k)) for k in {g[0].cols for g in groups}}
+    calls = [([torch.empty(1, w.rows) for w in g], *inputs[g[0].cols], [w.spec() for w in g]) for g in groups]
     gate = model.matrices["model.layers.0.mlp.gate_proj.weight"]
     down = model.matrices["model.layers.0.mlp.down_proj.weight"]
     for isa in _C.available_isas():
         _C.set_isa(isa)
 
         def step() -> None:
-            for w in weights:
-                q, d = inputs[w.cols]
-                _C.qmatmul(outs[id(w)], q, d, w.data, w.ggml_type, None, w.packed)
+            for outs, q, d, specs in calls:
+                _C.qmatmul_group(outs, q, d, specs)
 
         rounds = 5 if isa != "scalar" else 1
         pairs = []
@@ -46,7 +51,8 @@ def main() -> None:
         pairs.sort(key=lambda tb: total / tb[0] / tb[1])
         t, bandwidth = pairs[len(pairs) // 2]
         shares = [100 * total / t_ / b_ for t_, b_ in pairs]
-        print(f"[{isa}] GEMV, all {len(weights)} matrices ({total / 1e6:.0f} MB): {t * 1e3:7.2f} ms, "
+        print(f"[{isa}] GEMV, all {sum(map(len, groups))} matrices in {len(groups)} calls ({total / 1e6:.0f} MB): "
+              f"{t * 1e3:7.2f} ms, "
               f"{total / t / 1e9:5.1f} GB/s = {100 * total / t / bandwidth:3.0f}% of the {bandwidth / 1e9:.1f} GB/s "
               f"read bandwidth measured beside it (median of {rounds}; {min(shares):.0f}-{max(shares):.0f}%; "
               f"bandwidth {min(b for _, b in pairs) / 1e9:.1f}-{max(b for _, b in pairs) / 1e9:.1f} GB/s)")

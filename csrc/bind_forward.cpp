@@ -164,7 +164,7 @@ class LlamaForwardHandle {
       return w;
     }
     w.quantized = true;
-    w.q = quantized_matrix(t[1], type, cols, name, t[4].cast<bool>() ? t[3].cast<int64_t>() : -1);
+    w.q = quantized_matrix(t, name);
     w.rows = w.q.rows;
     return w;
   }

@@ -28,6 +28,12 @@ kc::QMatrix quantized_matrix(py::handle data_obj, int ggml_type, int64_t cols, c
   return {data.ptr<uint8_t>(), packed_rows, cols, data.size(1), format, true};
 }
 
+kc::QMatrix quantized_matrix(const py::tuple& spec, const char* name) {
+  if (spec.size() != 5) fail(std::string(name) + ": a weight spec is (ggml_type, data, cols, rows, packed)");
+  return quantized_matrix(spec[1], spec[0].cast<int>(), spec[2].cast<int64_t>(), name,
+                          spec[4].cast<bool>() ? spec[3].cast<int64_t>() : -1);
+}
+
 namespace {
 
 void dequantize(py::handle out_obj, py::handle data_obj, int ggml_type, bool packed) {
@@ -95,16 +101,48 @@ kc::QMatmulArgs one_target(py::handle out_obj, py::handle data_obj, int ggml_typ
   return args;
 }
 
-void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle data_obj, int ggml_type,
-             py::handle bias_obj, bool packed) {
+// Int8 activations xq [m, 2, k], xd [m, k / 32] into args (m and k too).
+void int8_activations(py::handle q_obj, py::handle d_obj, kc::QMatmulArgs& args) {
   Tensor q(q_obj, "xq"), d(d_obj, "xd");
   q.expect(ElemType::kInt8).expect_ndim(3).expect_contiguous().expect_size(1, 2, "planes");
   const int64_t m = q.size(0), k = q.size(2);
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of xq")
       .expect_size(1, k / 32, "blocks of xq");
-  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, packed, m, k, "xq");
   args.xq = q.ptr<int8_t>();
   args.xd = d.ptr<float>();
+  args.m = m;
+  args.k = k;
+}
+
+void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle data_obj, int ggml_type,
+             py::handle bias_obj, bool packed) {
+  kc::QMatmulArgs x{};
+  int8_activations(q_obj, d_obj, x);
+  kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, packed, x.m, x.k, "xq");
+  args.xq = x.xq;
+  args.xd = x.xd;
+  py::gil_scoped_release nogil;
+  kc::qmatmul(args);
+}
+
+// Up to kMaxQMatmulTargets matrices that share one input, in one call (their rows split over the
+// threads as one range), as the forward step projects q/k/v and gate/up.
+void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
+  kc::QMatmulArgs args{};
+  int8_activations(q_obj, d_obj, args);
+  const auto n = static_cast<int64_t>(weights.size());
+  if (n < 1 || n > kc::kMaxQMatmulTargets)
+    fail("weights: 1 to " + std::to_string(kc::kMaxQMatmulTargets) + " matrices, got " + std::to_string(n));
+  if (static_cast<int64_t>(outs.size()) != n) fail("outs: one output per weight");
+  for (int64_t j = 0; j < n; ++j) {
+    const kc::QMatrix w = quantized_matrix(py::reinterpret_borrow<py::tuple>(weights[j]), "weights");
+    if (w.cols != args.k) fail("weights: every matrix needs as many columns as xq");
+    Tensor out(outs[j], "outs");
+    out.expect(ElemType::kFloat32).expect_ndim(2).expect_inner_contiguous(1).expect_size(0, args.m, "rows of xq")
+        .expect_size(1, w.rows, "rows of its weight");
+    args.targets[j] = {w, nullptr, out.ptr<float>(), out.stride(0)};
+  }
+  args.num_targets = static_cast<int>(n);
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
 }
@@ -144,6 +182,9 @@ void bind_quant(py::module_& m) {
         py::arg("bias") = py::none(), py::arg("packed") = false,
         "out [m, n] float32 = dequant(xq, xd) @ W^T (+ bias) with int8 dot products; W the GGUF blocks "
         "[n, row_bytes] of ggml_type (packed: packed in panels, n rounded up to 16).");
+  m.def("qmatmul_group", &qmatmul_group, py::arg("outs"), py::arg("xq"), py::arg("xd"), py::arg("weights"),
+        "outs[j] [m, n_j] float32 = dequant(xq, xd) @ W_j^T for 1 to 4 weights (ggml_type, data, cols, rows, "
+        "packed) that share the input, in one call whose threads split all their rows as one range.");
   m.def("qmatmul_bf16", &qmatmul_bf16, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("ggml_type"),
         py::arg("bias") = py::none(), py::arg("packed") = false,
         "out [m, n] float32 = x [m, k] bfloat16 @ bf16(W)^T (+ bias): W the GGUF blocks [n, row_bytes] of "

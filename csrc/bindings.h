@@ -21,5 +21,7 @@ void bind_forward(py::module_& m);
 // [packed_rows rounded up to 16, row_bytes].
 kernels::cpu::QMatrix quantized_matrix(py::handle data, int ggml_type, int64_t cols, const char* name,
                                        int64_t packed_rows = -1);
+// The same from a weight spec (ggml_type, data, cols, rows, packed), as QuantizedWeight.spec() gives it.
+kernels::cpu::QMatrix quantized_matrix(const py::tuple& spec, const char* name);
 
 }  // namespace mindie::host

@@ -357,6 +357,15 @@ def qmatmul(xq: torch.Tensor, xd: torch.Tensor, weight: torch.Tensor, ggml_type:
     return out
 
 
+def qmatmul_group(xq: torch.Tensor, xd: torch.Tensor,
+                  weights: Sequence[tuple[int, torch.Tensor, int, int, bool]]) -> list[torch.Tensor]:
+    """float32 [m, n_j] for each of 1 to 4 weights (QuantizedWeight.spec()) that share the quantized
+    activations, in one call, as the forward step projects q/k/v and gate/up."""
+    outs = [torch.empty(xq.shape[0], rows, dtype=torch.float32) for _, _, _, rows, _ in weights]
+    _C.qmatmul_group(outs, xq, xd, list(weights))
+    return outs
+
+
 def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """bfloat16 [m, k] of float32 x [m, k], rounded to nearest even."""
     out = torch.empty(x.shape, dtype=torch.bfloat16)

@@ -123,6 +123,22 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
         _C.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("m", [1, 5, 20])
+def test_a_group_of_matrices_gives_each_its_own_result(isa, m):
+    """qmatmul_group (q/k/v or gate/up in one call, their rows split over the threads as one range)
+    gives every matrix, whatever its format or layout, the bits a call of its own gives."""
+    k = 256
+    weights = []
+    for j, (fmt, packed) in enumerate([("Q4_1", True), ("Q8_0", True), ("Q4_K", False), ("Q4_0", False)]):
+        data, qtype = random_blocks(fmt, 16 * j + 7, k, j)
+        weight, layout = in_layout(data, qtype, packed)
+        weights.append((qtype, weight, k, data.shape[0], packed))
+    q, d = ops.quantize_activations(torch.randn(m, k, generator=torch.Generator().manual_seed(m)))
+    for group in (weights[:3], weights):
+        for got, (qtype, weight, _, rows, packed) in zip(ops.qmatmul_group(q, d, group), group, strict=True):
+            assert torch.equal(got, ops.qmatmul(q, d, weight, qtype, packed_rows=rows if packed else None))
+
+
 def test_round_to_bf16_matches_torch(isa):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 45, generator=gen) * torch.logspace(-30, 30, 45)  # odd width: a partial vector
@@ -170,6 +186,10 @@ def test_bad_arguments_raise():
         ops.qmatmul(q, d, packed, qtype, packed_rows=17)
     with pytest.raises(ValueError, match="at least one row"):
         ops.qmatmul(q, d, packed, qtype, packed_rows=0)
+    with pytest.raises(ValueError, match="1 to 4 matrices"):
+        ops.qmatmul_group(q, d, [(qtype, data, 64, 4, False)] * 5)
+    with pytest.raises(ValueError, match="as many columns as xq"):
+        ops.qmatmul_group(q, d, [(qtype, random_blocks("Q4_1", 4, 96, 0)[0], 96, 4, False)])
     k_blocks, k_type = random_blocks("Q4_K", 4, 256, 0)
     with pytest.raises(ValueError, match="only Q4_0, Q4_1 and Q8_0"):
         ops.pack_panels(k_blocks, k_type)
