@@ -3,10 +3,10 @@
     python benchmarks/bench_quant.py
 
 GEMV (batch 1): every projection of the model back to back, as one decode step reads them (more
-bytes than the last-level cache holds) and in the calls it makes (q/k/v and gate/up share one),
-in GB/s of weight bytes and as a share of the read bandwidth measured just before it; on a shared
-host that bandwidth moves from run to run, so the two are
-measured in alternation, 5 times, and the median share is printed with its range. GEMM: one
+bytes than the last-level cache holds) and in the calls it makes (q/k/v and gate/up share one), in
+GB/s of weight bytes and as a share of the read bandwidth measured just before it; on a shared host
+that bandwidth moves from run to run, so the two are measured in alternation, 5 times, and the
+median share is printed with its range. GEMM: one
 layer's gate and down projections at 16 and 512 rows, in GFLOP/s, with int8 activations and, where
 the variant has native bf16 dot products, bf16 ones; beside them torch's bf16 `linear` over a dense
 bf16 copy of the same matrix (the `--quantization none --dtype bfloat16` path). Once per ISA variant.
