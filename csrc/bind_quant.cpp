@@ -22,7 +22,6 @@ kc::QMatrix quantized_matrix(py::handle data_obj, int ggml_type, int64_t cols, c
   data.expect_size(1, cols / info.block_elems * info.block_bytes, "bytes per row of the format");
   const auto format = static_cast<kc::QFormat>(ggml_type);
   if (packed_rows < 0) return {data.ptr<uint8_t>(), data.size(0), cols, data.size(1), format};
-  if (!kc::packs_in_panels(format)) fail(std::string(name) + ": only Q4_0, Q4_1 and Q8_0 matrices pack in panels");
   if (packed_rows < 1) fail(std::string(name) + ": a packed matrix has at least one row");
   data.expect_size(0, kc::packed_rows(packed_rows), "rows of the packed matrix (its rows rounded up to 16)");
   return {data.ptr<uint8_t>(), packed_rows, cols, data.size(1), format, true};
@@ -57,7 +56,6 @@ void pack_panels(py::handle out_obj, py::handle data_obj, int ggml_type) {
   }
   if (data.size(1) % info.block_bytes != 0) fail("data: bytes per row must be a multiple of the format's block size");
   const kc::QMatrix w = quantized_matrix(data_obj, ggml_type, data.size(1) / info.block_bytes * info.block_elems, "data");
-  if (!kc::packs_in_panels(w.format)) fail("data: only Q4_0, Q4_1 and Q8_0 matrices pack in panels");
   out.expect(ElemType::kUInt8).expect_ndim(2).expect_contiguous().expect_size(0, kc::packed_rows(w.rows), "rows of data rounded up to 16")
       .expect_size(1, w.row_bytes, "bytes per row of data");
   py::gil_scoped_release nogil;

@@ -63,23 +63,40 @@ struct QMatrix {
   bool panels = false;
 };
 
-// Panel packing (pack_panels), for Q4_0, Q4_1 and Q8_0: the decode kernels then read 16 rows as
-// whole vectors, one row per 4-byte lane, with no shuffles (the row layout costs three inserts per
-// four rows, which bounds a GEMV well below the memory's rate). The rows are padded with zero rows
-// to a multiple of kPackRows; panel p (rows 16p to 16p + 15) takes the 16 * row_bytes bytes at
-// data + 16p * row_bytes, as its rows do in the row layout: first each block's quants, then each
-// block's headers. Block b's quants are runs of 64 bytes (4 for the 16 nibble bytes of Q4_0 and
-// Q4_1, 8 for Q8_0's 32 values) whose 4-byte lane r holds bytes 4v..4v+3 of row r's quants in run
-// v, as GGUF stores them (Q4: low nibbles values 0-15, high nibbles values 16-31). Block b's
-// headers are the 16 rows' d (half), then for Q4_1 the 16 rows' m (half).
+// Panel packing (pack_panels), for every format: the decode kernels then read 16 rows as whole
+// vectors, one row per lane, with no shuffles (the row layout costs three inserts per four rows,
+// which bounds a GEMV well below the memory's rate). The rows are padded with zero rows to a
+// multiple of kPackRows; panel p (rows 16p to 16p + 15) takes the 16 * row_bytes bytes at
+// data + 16p * row_bytes, as its rows do in the row layout. A panel holds, per unit (a block; a
+// super-block of 256 values for the K formats), first the unit's *runs*, then its *header fields*:
+//  - a block's 2-byte fields (d, Q4_1's m, the K formats' d and dmin) are header fields, 32 bytes
+//    each, whose 2-byte lane r is row r's field;
+//  - every other byte of the block, in the block's order, is cut into 4-byte groups: group t is run
+//    t, 64 bytes whose 4-byte lane r holds row r's group t.
+// So each run is 16 rows' bytes as GGUF stores them (Q4: low nibbles values 0-15, high nibbles
+// values 16-31 of the block), except Q5_0 / Q5_1's qh: its 32 bits are spread (spread_qh) so that a
+// shift and a mask put each value's fifth bit under its nibble.
 constexpr int kPackRows = 16;
-constexpr bool packs_in_panels(QFormat f) { return f == QFormat::kQ4_0 || f == QFormat::kQ4_1 || f == QFormat::kQ8_0; }
-// Per row and block: the bytes of quants and of header (d, and Q4_1's m).
-constexpr int packed_quant_bytes(QFormat f) { return f == QFormat::kQ8_0 ? 32 : 16; }
-constexpr int packed_header_bytes(QFormat f) { return f == QFormat::kQ4_1 ? 4 : 2; }
+// Per row and unit: the bytes of runs and of header fields.
+constexpr int packed_header_bytes(QFormat f) {
+  return f == QFormat::kQ4_1 || f == QFormat::kQ5_1 || f == QFormat::kQ4_K || f == QFormat::kQ5_K ? 4 : 2;
+}
+constexpr int packed_quant_bytes(QFormat f) {
+  return qformat_info(static_cast<int>(f)).block_bytes - packed_header_bytes(f);
+}
 constexpr int64_t packed_rows(int64_t rows) { return (rows + kPackRows - 1) / kPackRows * kPackRows; }
-// `src` (row layout) into out [packed_rows(rows), row_bytes]. Throws std::invalid_argument for a
-// format that does not pack.
+// Q5_0 / Q5_1's qh as packed: byte i's bit v holds the fifth bit of value 4v + i and its bit v + 4
+// that of value 16 + 4v + i (i, v < 4), as run v's byte i holds those values' nibbles.
+constexpr uint32_t spread_qh(uint32_t qh) {
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i)
+    for (int v = 0; v < 4; ++v) {
+      out |= ((qh >> (4 * v + i)) & 1u) << (8 * i + v);
+      out |= ((qh >> (16 + 4 * v + i)) & 1u) << (8 * i + v + 4);
+    }
+  return out;
+}
+// `src` (row layout) into out [packed_rows(rows), row_bytes].
 void pack_panels(const QMatrix& src, uint8_t* out);
 // Row `row` of a packed matrix in the row layout: row_bytes bytes into out.
 void unpack_panel_row(const QMatrix& w, int64_t row, uint8_t* out);

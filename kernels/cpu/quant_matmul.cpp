@@ -50,8 +50,54 @@ void stage_packed(const uint8_t* panel, const uint8_t* next, int64_t blocks, int
   }
 }
 
-// One staged panel: a packed one through stage_packed, else the rows as stage_rows writes them,
-// then transposed into the panel layout.
+// f(std::integral_constant<QFormat, format>): kernels specialised per format, picked at run time.
+template <class F>
+void with_format(QFormat format, F&& f) {
+  switch (format) {
+    case QFormat::kQ4_0: return f(std::integral_constant<QFormat, QFormat::kQ4_0>{});
+    case QFormat::kQ4_1: return f(std::integral_constant<QFormat, QFormat::kQ4_1>{});
+    case QFormat::kQ5_0: return f(std::integral_constant<QFormat, QFormat::kQ5_0>{});
+    case QFormat::kQ5_1: return f(std::integral_constant<QFormat, QFormat::kQ5_1>{});
+    case QFormat::kQ8_0: return f(std::integral_constant<QFormat, QFormat::kQ8_0>{});
+    case QFormat::kQ4_K: return f(std::integral_constant<QFormat, QFormat::kQ4_K>{});
+    case QFormat::kQ5_K: return f(std::integral_constant<QFormat, QFormat::kQ5_K>{});
+    case QFormat::kQ6_K: return f(std::integral_constant<QFormat, QFormat::kQ6_K>{});
+  }
+}
+
+// Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
+// (at every matrix start, and again and again in small ones). A thread asks for its first panels
+// at once; staging a panel then prefetches, block by block, the panel it stages next.
+int64_t panel_bytes(const QMatrix& w, int64_t row0) {
+  return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
+}
+
+// A packed panel of an unsigned-q format through the variant's block decoding (Int8Panel::stage),
+// which the streaming kernels share; false where the variant has none (scalar) or for Q8_0.
+template <class D = Int8Panel<true>>
+bool stage_decoded(const QMatrix& w, int64_t row0, const uint8_t* next, int8_t* q, float* scale, float* offset) {
+  if constexpr (D::kStreamCols == 0) {
+    return false;
+  } else {
+    const uint8_t* at = w.data + row0 * w.row_bytes;
+    const int64_t blocks = w.cols / 32, step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
+    bool staged = false;
+    with_format(w.format, [&](auto format) {
+      if constexpr (decltype(format)::value != QFormat::kQ8_0) {  // signed q: stage_packed's alone
+        for (int64_t b = 0; b < blocks; ++b) {
+          if (next != nullptr)
+            for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
+          D::template stage<decltype(format)::value>(at, blocks, b, q, scale, offset);
+        }
+        staged = true;
+      }
+    });
+    return staged;
+  }
+}
+
+// One staged panel: a packed Q4_0 / Q4_1 / Q8_0 one through stage_packed, else the rows as
+// stage_rows writes them (unpacking a packed panel's rows), then transposed into the panel layout.
 struct PanelBuffer {
   std::vector<int8_t> row_q, q;
   std::vector<float> row_scale, row_offset, scale, offset;
@@ -62,14 +108,11 @@ struct PanelBuffer {
     q.resize(groups * kPanelGroupBytes);
     scale.resize(groups * kPanelRows);
     offset.resize(groups * kPanelRows);
-    if (w.panels) {
-      const uint8_t* at = w.data + row0 * w.row_bytes;
-      switch (w.format) {
-        case QFormat::kQ4_0: return stage_packed<QFormat::kQ4_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
-        case QFormat::kQ4_1: return stage_packed<QFormat::kQ4_1>(at, next, k / 32, q.data(), scale.data(), offset.data());
-        default: return stage_packed<QFormat::kQ8_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
-      }
-    }
+    const uint8_t* at = w.data + row0 * w.row_bytes;
+    if (w.panels && w.format == QFormat::kQ4_0) return stage_packed<QFormat::kQ4_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
+    if (w.panels && w.format == QFormat::kQ4_1) return stage_packed<QFormat::kQ4_1>(at, next, k / 32, q.data(), scale.data(), offset.data());
+    if (w.panels && w.format == QFormat::kQ8_0) return stage_packed<QFormat::kQ8_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
+    if (w.panels && stage_decoded(w, row0, next, q.data(), scale.data(), offset.data())) return;
     row_q.resize(kPanelRows * k);
     row_scale.resize(kPanelRows * groups);
     row_offset.resize(kPanelRows * groups);
@@ -92,12 +135,6 @@ struct PanelBuffer {
   PanelRef ref() const { return {q.data(), scale.data(), offset.data()}; }
 };
 
-// Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
-// (at every matrix start, and again and again in small ones). A thread asks for its first panels
-// at once; staging a panel then prefetches, block by block, the panel it stages next.
-int64_t panel_bytes(const QMatrix& w, int64_t row0) {
-  return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
-}
 void prefetch_panel(const QMatrix& w, int64_t row0) {
   const uint8_t* at = w.data + row0 * w.row_bytes;
   for (int64_t off = 0; off < panel_bytes(w, row0); off += 64) __builtin_prefetch(at + off);
@@ -250,11 +287,9 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       const int64_t pf_step = (pf_bytes / blocks + 63) / 64 * 64;
       const uint8_t* panel = w.data + p.row0 * w.row_bytes;
       float out[C * kPanelRows];
-      switch (w.format) {
-        case QFormat::kQ4_0: D::template stream<QFormat::kQ4_0, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
-        case QFormat::kQ4_1: D::template stream<QFormat::kQ4_1, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
-        default: D::template stream<QFormat::kQ8_0, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out); break;
-      }
+      with_format(w.format, [&](auto format) {
+        D::template stream<decltype(format)::value, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out);
+      });
       store_tile<1>(&p, out, a, 0, C);
     }
   });

@@ -1,58 +1,87 @@
 // Panel packing (see quant.h): plain byte moves, once per matrix at load and per row where a packed
 // matrix is read a row at a time (embedding lookups, dequantization).
 #include <cstring>
-#include <stdexcept>
 
 #include "cpu/quant.h"
 
 namespace mindie::kernels::cpu {
 namespace {
 
-// Where row `lane` of a panel keeps block b's quants and header fields, given the panel's start.
-struct PanelBlock {
-  const QMatrix& w;
-  int64_t blocks() const { return w.cols / 32; }
-  int64_t quant_at(int64_t b, int lane, int run_byte) const {
-    const int64_t run = run_byte / 4;
-    return b * kPackRows * packed_quant_bytes(w.format) + run * 64 + lane * 4 + run_byte % 4;
-  }
-  // Field f (0: d, 1: Q4_1's m) of block b's header, 2 bytes.
-  int64_t header_at(int64_t b, int lane, int field) const {
-    return blocks() * kPackRows * packed_quant_bytes(w.format) + b * kPackRows * packed_header_bytes(w.format) +
-           field * 2 * kPackRows + lane * 2;
-  }
+// The offsets of a block's 2-byte header fields, in order; count says how many.
+struct HeaderFields {
+  int offset[2];
+  int count;
 };
+constexpr HeaderFields header_fields(QFormat f) {
+  switch (f) {
+    case QFormat::kQ4_1: case QFormat::kQ5_1: case QFormat::kQ4_K: case QFormat::kQ5_K: return {{0, 2}, 2};
+    case QFormat::kQ6_K: return {{208, 0}, 1};
+    default: return {{0, 0}, 1};
+  }
+}
 
-}  // namespace
+// Where Q5_0 / Q5_1 keep qh in a block, or -1.
+constexpr int qh_offset(QFormat f) { return f == QFormat::kQ5_0 ? 2 : f == QFormat::kQ5_1 ? 4 : -1; }
 
-void pack_panels(const QMatrix& src, uint8_t* out) {
-  if (!packs_in_panels(src.format)) throw std::invalid_argument("pack_panels: only Q4_0, Q4_1 and Q8_0 pack in panels");
-  const int header = packed_header_bytes(src.format), quants = packed_quant_bytes(src.format);
-  const int64_t block_bytes = header + quants, panel_bytes = kPackRows * src.row_bytes;
-  const PanelBlock at{src};
-  std::memset(out, 0, packed_rows(src.rows) * src.row_bytes);
-  for (int64_t r = 0; r < src.rows; ++r) {
-    uint8_t* panel = out + r / kPackRows * panel_bytes;
-    const int lane = static_cast<int>(r % kPackRows);
-    for (int64_t b = 0; b < at.blocks(); ++b) {
-      const uint8_t* block = src.data + r * src.row_bytes + b * block_bytes;
-      for (int f = 0; f < header / 2; ++f) std::memcpy(panel + at.header_at(b, lane, f), block + 2 * f, 2);
-      for (int i = 0; i < quants; i += 4) std::memcpy(panel + at.quant_at(b, lane, i), block + header + i, 4);
+uint32_t unspread_qh(uint32_t spread) {
+  uint32_t qh = 0;
+  for (int i = 0; i < 4; ++i)
+    for (int v = 0; v < 4; ++v) {
+      qh |= ((spread >> (8 * i + v)) & 1u) << (4 * v + i);
+      qh |= ((spread >> (8 * i + v + 4)) & 1u) << (16 + 4 * v + i);
+    }
+  return qh;
+}
+
+// Moves row `lane`'s blocks between the row layout (row) and its panel (panel): to the panel when
+// `pack`, else back.
+void move_row(const QMatrix& w, int lane, uint8_t* row, uint8_t* panel, bool pack) {
+  const QFormatInfo info = qformat_info(static_cast<int>(w.format));
+  const HeaderFields fields = header_fields(w.format);
+  const int64_t units = w.cols / info.block_elems;
+  const int run_bytes = packed_quant_bytes(w.format), qh = qh_offset(w.format);
+  uint8_t* headers = panel + units * kPackRows * run_bytes;
+  for (int64_t u = 0; u < units; ++u) {
+    uint8_t* block = row + u * info.block_bytes;
+    uint8_t* runs = panel + u * kPackRows * run_bytes;
+    uint8_t* fields_at = headers + u * kPackRows * packed_header_bytes(w.format);
+    int field = 0, run = 0;
+    for (int off = 0; off < info.block_bytes;) {
+      if (field < fields.count && off == fields.offset[field]) {
+        uint8_t* at = fields_at + field * 2 * kPackRows + lane * 2;
+        pack ? std::memcpy(at, block + off, 2) : std::memcpy(block + off, at, 2);
+        ++field;
+        off += 2;
+        continue;
+      }
+      uint8_t* at = runs + run * 64 + lane * 4;
+      if (off == qh) {
+        uint32_t bits;
+        std::memcpy(&bits, pack ? block + off : at, 4);
+        bits = pack ? spread_qh(bits) : unspread_qh(bits);
+        std::memcpy(pack ? at : block + off, &bits, 4);
+      } else {
+        pack ? std::memcpy(at, block + off, 4) : std::memcpy(block + off, at, 4);
+      }
+      ++run;
+      off += 4;
     }
   }
 }
 
+}  // namespace
+
+void pack_panels(const QMatrix& src, uint8_t* out) {
+  const int64_t panel_bytes = kPackRows * src.row_bytes;
+  std::memset(out, 0, packed_rows(src.rows) * src.row_bytes);
+  for (int64_t r = 0; r < src.rows; ++r)
+    move_row(src, static_cast<int>(r % kPackRows), const_cast<uint8_t*>(src.data + r * src.row_bytes),
+             out + r / kPackRows * panel_bytes, true);
+}
+
 void unpack_panel_row(const QMatrix& w, int64_t row, uint8_t* out) {
-  const int header = packed_header_bytes(w.format), quants = packed_quant_bytes(w.format);
-  const int64_t block_bytes = header + quants;
-  const uint8_t* panel = w.data + row / kPackRows * kPackRows * w.row_bytes;
-  const int lane = static_cast<int>(row % kPackRows);
-  const PanelBlock at{w};
-  for (int64_t b = 0; b < at.blocks(); ++b) {
-    uint8_t* block = out + b * block_bytes;
-    for (int f = 0; f < header / 2; ++f) std::memcpy(block + 2 * f, panel + at.header_at(b, lane, f), 2);
-    for (int i = 0; i < quants; i += 4) std::memcpy(block + header + i, panel + at.quant_at(b, lane, i), 4);
-  }
+  uint8_t* panel = const_cast<uint8_t*>(w.data + row / kPackRows * kPackRows * w.row_bytes);
+  move_row(w, static_cast<int>(row % kPackRows), out, panel, false);
 }
 
 }  // namespace mindie::kernels::cpu

@@ -146,59 +146,170 @@ struct Int8Panel {
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
 
-  // Few activation rows (decode): a packed panel (see quant.h) read as it lies. Run v of a block
-  // holds 4 bytes of each row, one row per lane, and meets 4 activation values broadcast to every
-  // lane, as tile() meets a staged panel: the span sums are tile()'s exact int32 values and the
-  // float chain is tile()'s, so a row gets the same bits whichever of the two computes it.
+  // Few activation rows (decode): a packed panel (see quant.h) read as it lies. Vector u[v] holds
+  // values 4v..4v+3 of a block's 16 rows, one row per lane, and meets 4 activation values broadcast
+  // to every lane, as tile() meets a staged panel: the span sums are tile()'s exact int32 values and
+  // the float chain is tile()'s, so a row gets the same bits whichever of the two computes it.
   static constexpr int kStreamCols = 8;
+
+  static __m512i run(const uint8_t* runs, int t) { return _mm512_loadu_si512(runs + 64 * t); }
+  static __m512i bytes(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+  // Low (shift 0) or high (shift 4) nibbles of each byte.
+  static __m512i nibbles(__m512i w, int shift) { return _mm512_and_si512(shift ? _mm512_srli_epi16(w, 4) : w, bytes(0x0F)); }
+  // Bit `from` of each byte moved to bit `to` (and the byte's other bits kept where `mask` clears them).
+  static __m512i bit_to(__m512i w, int from, int to, int mask) {
+    const __m512i moved = to >= from ? _mm512_slli_epi32(w, to - from) : _mm512_srli_epi32(w, from - to);
+    return _mm512_and_si512(moved, bytes(mask));
+  }
+  // Field `field` of a unit's headers: 16 halves.
+  static __m512 halves(const uint8_t* headers, int field) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(headers + 32 * field)));
+  }
+  // Byte `byte` of each lane, zero- or sign-extended.
+  static __m512i lane_byte(__m512i w, int byte) { return _mm512_and_si512(_mm512_srli_epi32(w, 8 * byte), _mm512_set1_epi32(0xFF)); }
+  static __m512i lane_sbyte(__m512i w, int byte) { return _mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 8 * byte), 24); }
+  static __m512 negate(__m512 v) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))); }
+
+  // Block j of a packed unsigned-q unit (runs, headers): u[v] as above, and per span of 16 * S values
+  // (S = 2: s[0], o[0]; S = 1: s[0..1], o[0..1]) the rows' scale and offset as stage_rows gives them.
+  template <QFormat F>
+  static void decode(const uint8_t* runs, const uint8_t* headers, int j, __m512i* u, __m512* s, __m512* o) {
+    if constexpr (F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ5_0 || F == QFormat::kQ5_1) {
+      constexpr bool kFifth = F == QFormat::kQ5_0 || F == QFormat::kQ5_1;
+      const int first = kFifth ? 1 : 0;  // Q5's spread qh is run 0
+      for (int v = 0; v < 4; ++v) {
+        const __m512i w = run(runs, first + v);
+        u[v] = nibbles(w, 0);
+        u[v + 4] = nibbles(w, 4);
+        if constexpr (kFifth) {
+          u[v] = _mm512_or_si512(u[v], bit_to(run(runs, 0), v, 4, 0x10));
+          u[v + 4] = _mm512_or_si512(u[v + 4], bit_to(run(runs, 0), v + 4, 4, 0x10));
+        }
+      }
+      s[0] = halves(headers, 0);
+      if constexpr (F == QFormat::kQ4_1 || F == QFormat::kQ5_1) o[0] = halves(headers, 1);
+      else o[0] = _mm512_mul_ps(s[0], _mm512_set1_ps(F == QFormat::kQ4_0 ? -8.f : -16.f));
+    } else if constexpr (F == QFormat::kQ4_K || F == QFormat::kQ5_K) {
+      // Runs 0-2: the 12 bytes of 6-bit scales and mins (scale_min_k4); Q5_K's qh: runs 3-10.
+      const __m512i w0 = run(runs, 0), w1 = run(runs, 1), w2 = run(runs, 2);
+      __m512i sc, m;
+      if (j < 4) {
+        sc = _mm512_and_si512(lane_byte(w0, j), _mm512_set1_epi32(63));
+        m = _mm512_and_si512(lane_byte(w1, j), _mm512_set1_epi32(63));
+      } else {
+        const __m512i hi0 = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(w0, j - 4), 6), 4);
+        const __m512i hi1 = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(w1, j - 4), 6), 4);
+        sc = _mm512_or_si512(_mm512_and_si512(lane_byte(w2, j - 4), _mm512_set1_epi32(0x0F)), hi0);
+        m = _mm512_or_si512(_mm512_srli_epi32(lane_byte(w2, j - 4), 4), hi1);
+      }
+      s[0] = _mm512_mul_ps(halves(headers, 0), _mm512_cvtepi32_ps(sc));
+      o[0] = negate(_mm512_mul_ps(halves(headers, 1), _mm512_cvtepi32_ps(m)));
+      constexpr int first = F == QFormat::kQ5_K ? 11 : 3;
+      for (int v = 0; v < 8; ++v) {
+        u[v] = nibbles(run(runs, first + 8 * (j / 2) + v), 4 * (j % 2));
+        if constexpr (F == QFormat::kQ5_K) u[v] = _mm512_or_si512(u[v], bit_to(run(runs, 3 + v), j, 4, 0x10));
+      }
+    } else {
+      static_assert(F == QFormat::kQ6_K);
+      // Runs 0-31: ql, 32-47: qh, 48-51: the 16 int8 scales. Block j = 4h + g.
+      const int h = j / 4, g = j % 4;
+      for (int v = 0; v < 8; ++v)
+        u[v] = _mm512_or_si512(nibbles(run(runs, 16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
+                               bit_to(run(runs, 32 + 8 * h + v), 2 * g, 4, 0x30));
+      const __m512i scales = run(runs, 48 + 2 * h + g / 2);
+      for (int e = 0; e < 2; ++e) {
+        s[e] = _mm512_mul_ps(halves(headers, 0), _mm512_cvtepi32_ps(lane_sbyte(scales, 2 * (g % 2) + e)));
+        o[e] = _mm512_mul_ps(_mm512_set1_ps(-32.f), s[e]);
+      }
+    }
+  }
+
+  // Block b of a packed unsigned-q panel staged (see PanelRef): u[0..7] are the runs of 16-value
+  // groups 2b and 2b + 1 as they lie.
+  template <QFormat F>
+  static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
+    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
+    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const int64_t unit = b / kUnitBlocks;
+    __m512i u[8];
+    __m512 s[2], o[2];
+    decode<F>(panel + unit * kRunBytes, panel + blocks / kUnitBlocks * kRunBytes + unit * kHeaderBytes,
+              static_cast<int>(b % kUnitBlocks), u, s, o);
+    for (int v = 0; v < 8; ++v) _mm512_storeu_si512(q + 2 * b * kPanelGroupBytes + 64 * v, u[v]);
+    for (int g = 0; g < 2; ++g) {
+      _mm512_storeu_ps(scale + (2 * b + g) * kPanelRows, s[S == 2 ? 0 : g]);
+      _mm512_storeu_ps(offset + (2 * b + g) * kPanelRows, o[S == 2 ? 0 : g]);
+    }
+  }
+
   // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
   // pf_step bytes per block.
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr int64_t kQuantBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
-    const uint8_t* headers = panel + blocks * kQuantBytes;
-    const __m512i nibble = _mm512_set1_epi8(0x0F), z = _mm512_setzero_si512();
+    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
+    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
+    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
+    const __m512i z = _mm512_setzero_si512();
     __m512 f[C];
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
-      const uint8_t* q = panel + b * kQuantBytes;
-      const uint8_t* h = headers + b * kHeaderBytes;
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-      // u[v] pairs with activation values 4v..4v+3 of the block.
-      __m512i u[8];
-      __mmask64 neg[8];
-      for (int v = 0; v < 8; ++v) {
-        if constexpr (F == QFormat::kQ8_0) {
-          // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
-          const __m512i w = _mm512_loadu_si512(q + 64 * v);
+      const uint8_t* runs = panel + b / kUnitBlocks * kRunBytes;
+      const uint8_t* h = headers + b / kUnitBlocks * kHeaderBytes;
+      if constexpr (F == QFormat::kQ8_0) {
+        // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
+        const __m512 d = halves(h, 0);
+        __m512i u[8];
+        __mmask64 neg[8];
+        for (int v = 0; v < 8; ++v) {
+          const __m512i w = run(runs, v);
           neg[v] = _mm512_movepi8_mask(w);
           u[v] = _mm512_abs_epi8(w);
-        } else if (v < 4) {
-          const __m512i w = _mm512_loadu_si512(q + 64 * v);
-          u[v] = _mm512_and_si512(w, nibble);
-          u[v + 4] = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
         }
-      }
-      for (int c = 0; c < C; ++c) {
-        // Two chains per plane: the int32 sums are exact, so their order does not matter.
-        __m512i acc[2][2] = {{z, z}, {z, z}};
-        for (int plane = 0; plane < 2; ++plane) {
-          const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-          for (int v = 0; v < 8; ++v) {
-            __m512i s = broadcast4(a + 4 * v);
-            if constexpr (F == QFormat::kQ8_0) s = _mm512_mask_sub_epi8(s, neg[v], z, s);
-            acc[plane][v % 2] = dot(acc[plane][v % 2], u[v], s);
+        for (int c = 0; c < C; ++c) {
+          __m512i acc[2][2] = {{z, z}, {z, z}};
+          for (int plane = 0; plane < 2; ++plane) {
+            const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+            for (int v = 0; v < 8; ++v) {
+              const __m512i sv = broadcast4(a + 4 * v);
+              acc[plane][v % 2] = dot(acc[plane][v % 2], u[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
+            }
           }
+          const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
+                                               _mm512_add_epi32(acc[1][0], acc[1][1]));
+          f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
         }
-        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
-                                             _mm512_add_epi32(acc[1][0], acc[1][1]));
-        f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
-        if constexpr (F != QFormat::kQ8_0) {
-          const __m512 o = F == QFormat::kQ4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 32)))
-                                               : _mm512_mul_ps(d, _mm512_set1_ps(-8.f));
-          f[c] = _mm512_fmadd_ps(o, _mm512_set1_ps(x[c].sum32[b]), f[c]);
+      } else {
+        __m512i u[8];
+        __m512 sc[2], off[2];
+        decode<F>(runs, h, static_cast<int>(b % kUnitBlocks), u, sc, off);
+        for (int c = 0; c < C; ++c) {
+          // Two chains per plane (S = 2) or one per span (S = 1): the int32 sums are exact, so their
+          // order does not matter.
+          __m512i acc[2][2] = {{z, z}, {z, z}};
+          for (int plane = 0; plane < 2; ++plane) {
+            const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+            for (int v = 0; v < 8; ++v) {
+              const int chain = S == 2 ? v % 2 : v / 4;
+              acc[plane][chain] = dot(acc[plane][chain], u[v], broadcast4(a + 4 * v));
+            }
+          }
+          const __m512 xd = _mm512_set1_ps(x[c].d[b]);
+          if constexpr (S == 2) {
+            const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
+                                                 _mm512_add_epi32(acc[1][0], acc[1][1]));
+            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[0], xd), f[c]);
+            f[c] = _mm512_fmadd_ps(off[0], _mm512_set1_ps(x[c].sum32[b]), f[c]);
+          } else {
+            for (int e = 0; e < 2; ++e) {
+              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[0][e], 7), acc[1][e]);
+              f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[e], xd), f[c]);
+              f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x[c].sum16[2 * b + e]), f[c]);
+            }
+          }
         }
       }
     }
@@ -294,57 +405,150 @@ struct Int8Panel {
   }
 
   // Few activation rows, a packed panel read as it lies: see the AVX-512 variant. Rows 8h to
-  // 8h + 7 are the 32 bytes at 32h of each 64-byte run.
+  // 8h + 7 are the 32 bytes at 32h of each 64-byte run and the 8 halves at 16h of each header field.
   static constexpr int kStreamCols = 8;
+
+  static __m256i run(const uint8_t* runs, int t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(runs + 64 * t)); }
+  static __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+  static __m256i nibbles(__m256i w, int shift) { return _mm256_and_si256(shift ? _mm256_srli_epi16(w, 4) : w, bytes(0x0F)); }
+  static __m256i bit_to(__m256i w, int from, int to, int mask) {
+    const __m256i moved = to >= from ? _mm256_slli_epi32(w, to - from) : _mm256_srli_epi32(w, from - to);
+    return _mm256_and_si256(moved, bytes(mask));
+  }
+  static __m256 halves(const uint8_t* headers, int field) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(headers + 32 * field)));
+  }
+  static __m256i lane_byte(__m256i w, int byte) { return _mm256_and_si256(_mm256_srli_epi32(w, 8 * byte), _mm256_set1_epi32(0xFF)); }
+  static __m256i lane_sbyte(__m256i w, int byte) { return _mm256_srai_epi32(_mm256_slli_epi32(w, 24 - 8 * byte), 24); }
+  static __m256 negate(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.f)); }
+
+  // As the AVX-512 decode, for the 8 rows whose runs and headers start at `runs` and `headers`.
+  template <QFormat F>
+  static void decode(const uint8_t* runs, const uint8_t* headers, int j, __m256i* u, __m256* s, __m256* o) {
+    if constexpr (F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ5_0 || F == QFormat::kQ5_1) {
+      constexpr bool kFifth = F == QFormat::kQ5_0 || F == QFormat::kQ5_1;
+      const int first = kFifth ? 1 : 0;
+      for (int v = 0; v < 4; ++v) {
+        const __m256i w = run(runs, first + v);
+        u[v] = nibbles(w, 0);
+        u[v + 4] = nibbles(w, 4);
+        if constexpr (kFifth) {
+          u[v] = _mm256_or_si256(u[v], bit_to(run(runs, 0), v, 4, 0x10));
+          u[v + 4] = _mm256_or_si256(u[v + 4], bit_to(run(runs, 0), v + 4, 4, 0x10));
+        }
+      }
+      s[0] = halves(headers, 0);
+      if constexpr (F == QFormat::kQ4_1 || F == QFormat::kQ5_1) o[0] = halves(headers, 1);
+      else o[0] = _mm256_mul_ps(s[0], _mm256_set1_ps(F == QFormat::kQ4_0 ? -8.f : -16.f));
+    } else if constexpr (F == QFormat::kQ4_K || F == QFormat::kQ5_K) {
+      const __m256i w0 = run(runs, 0), w1 = run(runs, 1), w2 = run(runs, 2);
+      __m256i sc, m;
+      if (j < 4) {
+        sc = _mm256_and_si256(lane_byte(w0, j), _mm256_set1_epi32(63));
+        m = _mm256_and_si256(lane_byte(w1, j), _mm256_set1_epi32(63));
+      } else {
+        const __m256i hi0 = _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(w0, j - 4), 6), 4);
+        const __m256i hi1 = _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(w1, j - 4), 6), 4);
+        sc = _mm256_or_si256(_mm256_and_si256(lane_byte(w2, j - 4), _mm256_set1_epi32(0x0F)), hi0);
+        m = _mm256_or_si256(_mm256_srli_epi32(lane_byte(w2, j - 4), 4), hi1);
+      }
+      s[0] = _mm256_mul_ps(halves(headers, 0), _mm256_cvtepi32_ps(sc));
+      o[0] = negate(_mm256_mul_ps(halves(headers, 1), _mm256_cvtepi32_ps(m)));
+      constexpr int first = F == QFormat::kQ5_K ? 11 : 3;
+      for (int v = 0; v < 8; ++v) {
+        u[v] = nibbles(run(runs, first + 8 * (j / 2) + v), 4 * (j % 2));
+        if constexpr (F == QFormat::kQ5_K) u[v] = _mm256_or_si256(u[v], bit_to(run(runs, 3 + v), j, 4, 0x10));
+      }
+    } else {
+      static_assert(F == QFormat::kQ6_K);
+      const int h = j / 4, g = j % 4;
+      for (int v = 0; v < 8; ++v)
+        u[v] = _mm256_or_si256(nibbles(run(runs, 16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
+                               bit_to(run(runs, 32 + 8 * h + v), 2 * g, 4, 0x30));
+      const __m256i scales = run(runs, 48 + 2 * h + g / 2);
+      for (int e = 0; e < 2; ++e) {
+        s[e] = _mm256_mul_ps(halves(headers, 0), _mm256_cvtepi32_ps(lane_sbyte(scales, 2 * (g % 2) + e)));
+        o[e] = _mm256_mul_ps(_mm256_set1_ps(-32.f), s[e]);
+      }
+    }
+  }
+
+  // As the AVX-512 stage.
+  template <QFormat F>
+  static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
+    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
+    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const int64_t unit = b / kUnitBlocks;
+    for (int h = 0; h < 2; ++h) {
+      __m256i u[8];
+      __m256 s[2], o[2];
+      decode<F>(panel + unit * kRunBytes + 32 * h, panel + blocks / kUnitBlocks * kRunBytes + unit * kHeaderBytes + 16 * h,
+                static_cast<int>(b % kUnitBlocks), u, s, o);
+      for (int v = 0; v < 8; ++v)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 2 * b * kPanelGroupBytes + 64 * v + 32 * h), u[v]);
+      for (int g = 0; g < 2; ++g) {
+        _mm256_storeu_ps(scale + (2 * b + g) * kPanelRows + 8 * h, s[S == 2 ? 0 : g]);
+        _mm256_storeu_ps(offset + (2 * b + g) * kPanelRows + 8 * h, o[S == 2 ? 0 : g]);
+      }
+    }
+  }
+
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr int64_t kQuantBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
-    const uint8_t* headers = panel + blocks * kQuantBytes;
-    const __m256i nibble = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
+    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
+    // Byte products summed in int16 before widening: 8 of them stay below 2^15 for q < 16, 4 for
+    // q < 32, 2 for q < 64.
+    constexpr int kPairSums = F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ4_K ? 8
+                              : F == QFormat::kQ6_K                                             ? 2
+                                                                                                : 4;
+    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
+    const __m256i z = _mm256_setzero_si256();
     __m256 f[C][2];
     for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
       for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* q = panel + b * kQuantBytes + 32 * h;
-        const uint8_t* hd = headers + b * kHeaderBytes + 16 * h;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd)));
-        __m256i u[8];  // u[v] pairs with activation values 4v..4v+3 of the block
-        for (int v = 0; v < 8; ++v) {
-          if constexpr (F == QFormat::kQ8_0) {
-            u[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * v));
-          } else if (v < 4) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * v));
-            u[v] = _mm256_and_si256(w, nibble);
-            u[v + 4] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
-          }
-        }
-        for (int c = 0; c < C; ++c) {
-          __m256i sum;
-          if constexpr (F == QFormat::kQ8_0) {
+        const uint8_t* runs = panel + b / kUnitBlocks * kRunBytes + 32 * h;
+        const uint8_t* hd = headers + b / kUnitBlocks * kHeaderBytes + 16 * h;
+        if constexpr (F == QFormat::kQ8_0) {
+          const __m256 d = halves(hd, 0);
+          __m256i w[8];
+          for (int v = 0; v < 8; ++v) w[v] = run(runs, v);
+          for (int c = 0; c < C; ++c) {
             // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
             __m256i acc[2] = {z, z};
             for (int plane = 0; plane < 2; ++plane) {
               const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
               for (int v = 0; v < 8; ++v)
-                acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
+                acc[plane] = dot(acc[plane], _mm256_abs_epi8(w[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), w[v]));
             }
-            sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
-          } else {
-            // q < 16: a plane's eight 16-bit pair sums stay below 2^15 before widening.
-            __m256i pairs[2] = {z, z};
+            const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
+            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
+          }
+        } else {
+          __m256i u[8];
+          __m256 sc[2], off[2];
+          decode<F>(runs, hd, static_cast<int>(b % kUnitBlocks), u, sc, off);
+          for (int c = 0; c < C; ++c) {
+            __m256i sum[2] = {z, z};  // per span (S = 1), or sum[0] alone
             for (int plane = 0; plane < 2; ++plane) {
               const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-              for (int v = 0; v < 8; ++v) pairs[plane] = _mm256_add_epi16(pairs[plane], _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+              for (int v0 = 0; v0 < 8; v0 += kPairSums) {
+                __m256i pairs = z;
+                for (int v = v0; v < v0 + kPairSums; ++v) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+                const int span = S == 2 ? 0 : v0 / 4;
+                sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
+              }
             }
-            sum = _mm256_add_epi32(_mm256_madd_epi16(pairs[0], _mm256_set1_epi16(128)), _mm256_madd_epi16(pairs[1], _mm256_set1_epi16(1)));
-          }
-          f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
-          if constexpr (F != QFormat::kQ8_0) {
-            const __m256 o = F == QFormat::kQ4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd + 32)))
-                                                 : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
-            f[c][h] = _mm256_fmadd_ps(o, _mm256_set1_ps(x[c].sum32[b]), f[c][h]);
+            const __m256 xd = _mm256_set1_ps(x[c].d[b]);
+            for (int e = 0; e < 3 - S; ++e) {
+              f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[e]), _mm256_mul_ps(sc[e], xd), f[c][h]);
+              f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x[c].sum32[b] : x[c].sum16[2 * b + e]), f[c][h]);
+            }
           }
         }
       }

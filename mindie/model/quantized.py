@@ -3,9 +3,9 @@
 A `QuantizedWeight` is what the C++ forward step (`_C.LlamaForward`) multiplies by: block-quantized
 matrices go through the integer matmul, dense float32 / bfloat16 ones through `linear`. Hugging Face
 checkpoints are quantized at load (`--quantization q8_0|q4_0`) with the gguf package's quantizer, so
-both sources end up in the same formats. Q4_0, Q4_1 and Q8_0 matrices are then packed in panels of
-16 rows (`_C.pack_panels`), the layout the decode kernels read without shuffles: the same bytes
-rearranged, plus zero rows up to a multiple of 16.
+both sources end up in the same formats. Quantized matrices are then packed in panels of 16 rows
+(`_C.pack_panels`), the layout the decode kernels read without shuffles: the same bytes rearranged,
+plus zero rows up to a multiple of 16.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from mindie import ops
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
 # ggml type id -> name, for the formats the C++ matmul reads.
 QUANTIZED_FORMATS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-PANEL_FORMATS = {2, 3, 8}  # Q4_0, Q4_1, Q8_0: packed in panels at load
 LOAD_QUANTIZATIONS = {"q8_0": 8, "q4_0": 2}  # --quantization for Hugging Face checkpoints
 
 
@@ -54,8 +53,8 @@ class QuantizedWeight:
         return QuantizedWeight(self.ggml_type, self.data[torch.from_numpy(order)].contiguous(), self.rows, self.cols)
 
     def packed_in_panels(self) -> QuantizedWeight:
-        """This matrix packed in panels where its format packs, else itself."""
-        if self.packed or self.ggml_type not in PANEL_FORMATS:
+        """This matrix packed in panels if it is a quantized one, else itself."""
+        if self.packed or self.ggml_type not in QUANTIZED_FORMATS:
             return self
         packed = ops.pack_panels(self.data, self.ggml_type)
         return QuantizedWeight(self.ggml_type, packed, self.rows, self.cols, packed=True)

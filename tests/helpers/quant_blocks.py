@@ -8,7 +8,7 @@ import torch
 
 from mindie import ops
 
-PANEL_FORMATS = ("Q4_0", "Q4_1", "Q8_0")  # the formats that pack in panels
+FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def random_blocks(fmt: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, int]:
