@@ -17,9 +17,10 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.gguf_header import GGUFHeader, read_header
-from mindie.model.quantized import GGML_F16, GGML_F32, QuantizedWeight, from_gguf_tensor
+from mindie.model.quantized import GGML_F16, GGML_F32, QUANTIZED_FORMATS, QuantizedWeight, from_gguf_tensor
 
-_SUPPORTED_QUANTS = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
+# What the exact path dequantizes (with the gguf package): every format the quantized path reads.
+_SUPPORTED_QUANTS = {"F32", "F16", "BF16", *QUANTIZED_FORMATS.values()}
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
