@@ -84,6 +84,16 @@ constexpr int packed_header_bytes(QFormat f) {
 constexpr int packed_quant_bytes(QFormat f) {
   return qformat_info(static_cast<int>(f)).block_bytes - packed_header_bytes(f);
 }
+// A format's packed unit as the kernels walk it: its 32-value blocks, 16-value groups per scale
+// (2, or 1 for Q6_K), and a panel's bytes of runs and of header fields per unit.
+struct PackedUnit {
+  int blocks, span_groups;
+  int64_t run_bytes, header_bytes;
+};
+constexpr PackedUnit packed_unit(QFormat f) {
+  const QFormatInfo info = qformat_info(static_cast<int>(f));
+  return {info.block_elems / 32, info.scale_span / 16, kPackRows * packed_quant_bytes(f), kPackRows * packed_header_bytes(f)};
+}
 constexpr int64_t packed_rows(int64_t rows) { return (rows + kPackRows - 1) / kPackRows * kPackRows; }
 // Q5_0 / Q5_1's qh as packed: byte i's bit v holds the fifth bit of value 4v + i and its bit v + 4
 // that of value 16 + 4v + i (i, v < 4), as run v's byte i holds those values' nibbles.

@@ -24,7 +24,7 @@ namespace {
 // nibbles apart. Prefetches `next`, a panel of the same shape, block by block.
 template <QFormat F>
 void stage_packed(const uint8_t* panel, const uint8_t* next, int64_t blocks, int8_t* q, float* scale, float* offset) {
-  constexpr int64_t kQuant = kPackRows * packed_quant_bytes(F), kHeader = kPackRows * packed_header_bytes(F);
+  constexpr int64_t kQuant = packed_unit(F).run_bytes, kHeader = packed_unit(F).header_bytes;
   for (int64_t b = 0; b < blocks; ++b) {
     if (next != nullptr)
       for (int64_t off = b * (kQuant + kHeader); off < (b + 1) * (kQuant + kHeader); off += 64) __builtin_prefetch(next + off);

@@ -228,9 +228,9 @@ struct Int8Panel {
   // groups 2b and 2b + 1 as they lie.
   template <QFormat F>
   static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
-    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
-    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    constexpr PackedUnit kUnit = packed_unit(F);
+    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
+    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
     const int64_t unit = b / kUnitBlocks;
     __m512i u[8];
     __m512 s[2], o[2];
@@ -248,9 +248,9 @@ struct Int8Panel {
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
-    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
-    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    constexpr PackedUnit kUnit = packed_unit(F);
+    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
+    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
     const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
     const __m512i z = _mm512_setzero_si512();
     __m512 f[C];
@@ -476,9 +476,9 @@ struct Int8Panel {
   // As the AVX-512 stage.
   template <QFormat F>
   static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
-    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
-    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    constexpr PackedUnit kUnit = packed_unit(F);
+    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
+    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
     const int64_t unit = b / kUnitBlocks;
     for (int h = 0; h < 2; ++h) {
       __m256i u[8];
@@ -497,14 +497,14 @@ struct Int8Panel {
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr QFormatInfo kInfo = qformat_info(static_cast<int>(F));
-    constexpr int kUnitBlocks = kInfo.block_elems / 32, S = kInfo.scale_span / 16;
+    constexpr PackedUnit kUnit = packed_unit(F);
+    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
     // Byte products summed in int16 before widening: 8 of them stay below 2^15 for q < 16, 4 for
     // q < 32, 2 for q < 64.
     constexpr int kPairSums = F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ4_K ? 8
                               : F == QFormat::kQ6_K                                             ? 2
                                                                                                 : 4;
-    constexpr int64_t kRunBytes = kPackRows * packed_quant_bytes(F), kHeaderBytes = kPackRows * packed_header_bytes(F);
+    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
     const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
     const __m256i z = _mm256_setzero_si256();
     __m256 f[C][2];
