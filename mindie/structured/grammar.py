@@ -34,8 +34,14 @@ _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_sepa
 @dataclass(frozen=True)
 class Closers:
     """What a shortest completion is built from, per tokenizer: tokens that end things, best
-    first (close a string or container, the shortest values), and every token's length to pick
-    the longest allowed one where none of those fits (an enum value, a required key)."""
+    first, then the shortest values, and every token's length to pick the longest allowed one
+    where none of those fits (an enum value, a required key, a string's minimum length).
+
+    The order is what keeps the greedy search finite: a closing quote first (inside a string it
+    ends the string; where a value is due it opens the shortest one), then the characters that
+    close containers or separate items, which are never content outside a string, and only then
+    values. A digit before a separator would extend a number forever ("3" -> "30" -> "300").
+    """
 
     preferred: tuple[int, ...]
     lengths: np.ndarray  # int32 [vocab]: characters of each token's text; -1 for special tokens
@@ -43,7 +49,7 @@ class Closers:
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int) -> Closers:
         preferred = []
-        for piece in ('"', "}", "]", '"}', '"]', "}]", "}}", "0", "null", "true", "false", ", ", ",", ": ", ":"):
+        for piece in ('"', '"}', '"]', "}", "]", "}]", "}}", ", ", ",", "0", "null", "true", "false", ": ", ":"):
             ids = tokenizer.encode(piece, add_special_tokens=False)
             if len(ids) == 1 and ids[0] not in preferred:
                 preferred.append(ids[0])
@@ -62,18 +68,20 @@ def _shortest_path(matcher: llguidance.LLMatcher, closers: Closers, limit: int) 
     while not m.is_accepting():
         if len(path) >= limit or m.is_error():
             return None
-        forced = m.compute_ff_tokens()
+        forced = m.compute_ff_tokens()[: limit - len(path)]
         if forced:
-            token = forced[0]
-        else:
+            if m.try_consume_tokens(forced) != len(forced):
+                return None
+            path += forced
+            continue
+        # A single-token check per closer: far cheaper than the whole vocabulary's mask.
+        token = next((t for t in closers.preferred if m.validate_tokens([t]) == 1), -1)
+        if token < 0:
             allowed = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
-            allowed = allowed[: len(closers.lengths)].astype(bool)
-            token = next((t for t in closers.preferred if allowed[t]), -1)
-            if token < 0:
-                scores = np.where(allowed, closers.lengths, -2)
-                token = int(scores.argmax())
-                if scores[token] < 0:
-                    return None  # only special tokens (EOS) left, yet not accepting
+            scores = np.where(allowed[: len(closers.lengths)].astype(bool), closers.lengths, -2)
+            token = int(scores.argmax())
+            if scores[token] < 0:
+                return None  # only special tokens (EOS) left, yet not accepting
         if not m.consume_token(token):
             return None
         path.append(token)
@@ -312,17 +320,18 @@ def tool_call_schema(tools: Mapping[str, Mapping[str, Any] | None], parallel: bo
     if not tools:
         raise GrammarError("tools: at least one tool is needed")
     calls = []
-    for name, parameters in tools.items():
+    for i, (name, parameters) in enumerate(tools.items()):
         if not isinstance(name, str) or not name:
             raise GrammarError(f"tools: a tool name must be a non-empty string, got {name!r}")
         if parameters is None:
             parameters = {"type": "object", "properties": {}, "additionalProperties": False}
         elif not isinstance(parameters, Mapping):
             raise GrammarError(f"tools: the parameters of {name!r} must be a JSON schema object")
+        where = ("/items" if parallel else "") + ("" if len(tools) == 1 else f"/anyOf/{i}") + "/properties/arguments"
         calls.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": name}, "arguments": dict(parameters)},
+                "properties": {"name": {"const": name}, "arguments": relocate_refs(parameters, where)},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
@@ -330,3 +339,28 @@ def tool_call_schema(tools: Mapping[str, Mapping[str, Any] | None], parallel: bo
     call = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {"type": "array", "items": call, "minItems": 1} if parallel else call
 
+
+_LITERAL_KEYWORDS = frozenset({"const", "enum", "default", "examples"})  # hold values, not schemas
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def relocate_refs(schema: Any, pointer: str) -> Any:
+    """`schema` moved to `pointer` inside a larger document: its local references ("#/$defs/X",
+    "#") are resolved against its own root, so each is rewritten to start at `pointer`. This is
+    what keeps the $defs that pydantic emits for a model inside a model resolving once a tool's
+    parameters sit under a call's "arguments"."""
+    if isinstance(schema, list):
+        return [relocate_refs(s, pointer) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = "#" + pointer + value[1:]
+        elif key in _LITERAL_KEYWORDS:
+            out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, Mapping):  # keys are names, values schemas
+            out[key] = {name: relocate_refs(sub, pointer) for name, sub in value.items()}
+        else:
+            out[key] = relocate_refs(value, pointer)
+    return out

@@ -163,3 +163,55 @@ def test_strict_tools_with_auto_give_text_or_valid_calls(smol_server):
             jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
         if choice["finish_reason"] != "tool_calls":
             assert choice["message"]["tool_calls"] == [] and choice["message"]["content"]
+
+
+def _pydantic_tools():
+    """Tools as pydantic-based clients send them: openai's pydantic_function_tool (strict, every
+    field required) and a plain model_json_schema (instructor, pydantic-ai), both with the inner
+    model under $defs."""
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    class AddPeople(BaseModel):
+        people: list[Person]
+        note: str | None = None
+
+    strict = openai.pydantic_function_tool(AddPeople, name="add_people")
+    plain = {"type": "function", "function": {"name": "add_people", "parameters": AddPeople.model_json_schema()}}
+    assert "$defs" in strict["function"]["parameters"] and "$defs" in plain["function"]["parameters"]
+    return [strict, plain]
+
+
+NAMED = {"type": "function", "function": {"name": "add_people"}}
+
+
+@pytest.mark.parametrize("which, tool_choice", [(0, "required"), (0, NAMED), (0, "auto"), (1, "required"),
+                                                (1, NAMED)])  # auto with a non-strict tool is unconstrained
+def test_pydantic_tools_with_defs_are_called(smol_server, which, tool_choice):
+    tool = _pydantic_tools()[which]
+    body = chat(smol_server, {"messages": [{"role": "user", "content": "Add Ann, 31, and Bo, 2."}], "tools": [tool],
+                              "tool_choice": tool_choice, "temperature": 0, "max_tokens": 120})
+    for call in body["choices"][0]["message"].get("tool_calls") or []:
+        jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+    if tool_choice != "auto":
+        assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "add_people"
+
+
+def test_tool_without_required_is_accepted(smol_server):
+    """langchain, pydantic-ai and the llm CLI leave `required` out when every argument is optional."""
+    tool = {"type": "function", "function": {"name": "search", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string", "maxLength": 20}, "limit": {"type": "integer"}}}}}
+    for tool_choice in ("auto", "required"):
+        body = chat(smol_server, {"messages": [{"role": "user", "content": QUESTIONS[2]}], "tools": [tool],
+                                  "tool_choice": tool_choice, "temperature": 0, "max_tokens": 60})
+        if tool_choice == "required":
+            (call,) = body["choices"][0]["message"]["tool_calls"]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+    no_properties = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
+    body = chat(smol_server, {"messages": [{"role": "user", "content": "What time is it?"}], "tools": [no_properties],
+                              "tool_choice": "required", "temperature": 0, "max_tokens": 30})
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "now" and isinstance(json.loads(call["function"]["arguments"]), dict)

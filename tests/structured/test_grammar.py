@@ -272,3 +272,151 @@ def test_text_or_tool_call_takes_text_or_a_valid_call(compiler, tok):
     assert not follows('{"name": "get_weather", "arguments": {"town": "Paris"}}')
     assert not follows('{"name": "other", "arguments": {}}')
     assert compiler.text_or_tool_call(tools) is grammar  # cached
+
+
+# --- the budget rule keeps what the model chose ------------------------------------------------
+
+VALUES = {  # one value of each kind, placed in every position of an object below
+    "n": ({"type": "integer"}, 31),
+    "x": ({"type": "number"}, -2.5),
+    "s": ({"type": "string"}, "Tom Smith"),
+    "b": ({"type": "boolean"}, True),
+    "o": ({"type": "object", "properties": {"k": {"type": "integer"}, "v": {"type": "array", "items": {
+        "type": "integer"}}}, "required": ["k", "v"]}, {"k": 7, "v": [12, 3]}),
+    "a": ({"type": "array", "items": {"type": "number"}}, [1.25, 40, 8]),
+}
+
+
+def rotations() -> list[tuple[dict, dict]]:
+    """(schema, document) with the keys of VALUES in each rotation, so every kind of value is
+    first, last and in between."""
+    keys = list(VALUES)
+    out = []
+    for r in range(len(keys)):
+        order = keys[r:] + keys[:r]
+        schema = {"type": "object", "properties": {k: VALUES[k][0] for k in order}, "required": order}
+        out.append((schema, {k: VALUES[k][1] for k in order}))
+    return out
+
+
+def follow(grammar: Grammar, ids: list[int], budget: int) -> list[int]:
+    """The tokens fit_budget lets through when the model picks `ids` with `budget` tokens left at
+    the start."""
+    matcher, out = grammar.matcher(), []
+    for i, token in enumerate(ids):
+        chosen = matcher.fit_budget(token, budget - i)
+        assert matcher.advance(chosen), matcher.error
+        out.append(chosen)
+    return out
+
+
+@pytest.mark.parametrize("case", range(len(VALUES)))
+def test_fit_budget_keeps_every_token_of_a_valid_value(compiler, tok, case):
+    schema, doc = rotations()[case]
+    ids = tok.encode(json.dumps(doc), add_special_tokens=False)
+    grammar = compiler.json_schema(schema)
+    assert follow(grammar, ids, budget=len(ids) + 64) == ids
+
+
+@pytest.mark.parametrize("case", range(len(VALUES)))
+def test_tool_call_arguments_keep_every_token(compiler, tok, case):
+    schema, doc = rotations()[case]
+    ids = tok.encode(json.dumps({"name": "f", "arguments": doc}), add_special_tokens=False)
+    for grammar in (compiler.tool_call({"f": schema, "g": None}), compiler.text_or_tool_call({"f": schema})):
+        assert follow(grammar, ids, budget=len(ids) + 64) == ids
+
+
+@pytest.mark.parametrize("text,closing", [('{"n": 3', ","), ('{"n": 31, "x": -2', ","),
+                                          ('{"n": 31, "x": -2.5, "s": "To', '"'), ('{"a": [1.25, 4', "]")])
+def test_shortest_completion_closes_a_number_or_string_where_it_stands(compiler, tok, text, closing):
+    schema = rotations()[0][0] if text.startswith('{"n"') else rotations()[5][0]
+    matcher = compiler.json_schema(schema).matcher()
+    for token in tok.encode(text, add_special_tokens=False):
+        assert matcher.advance(token)
+    needed = matcher.min_tokens(limit=200)
+    assert needed is not None and needed < 80
+    path = forced_path(matcher, needed, tok.encode("\n", add_special_tokens=False)[0])
+    assert tok.decode(path).startswith(closing)
+    json.loads(text + tok.decode(path))
+
+
+def forced_path(matcher, budget: int, unwanted: int) -> list[int]:
+    """The completion fit_budget forces with exactly `budget` tokens left when the model only ever
+    wants `unwanted`, a token the grammar never allows."""
+    path = []
+    for left in range(budget, 0, -1):
+        token = matcher.fit_budget(unwanted, left)
+        assert matcher.advance(token), matcher.error
+        path.append(token)
+        if matcher.accepts_eos():
+            break
+    return path
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_budget_rule_fires_only_when_the_budget_is_the_completion(compiler, tok, seed):
+    """With room to spare the model's tokens all pass; with exactly the shortest completion's
+    length left the value still finishes, valid, in that many tokens."""
+    grammar = compiler.json_schema(RECORD)
+    needed = grammar.matcher().min_tokens()
+    assert needed is not None
+    gen = torch.Generator().manual_seed(seed)
+    mask = compiler.allocate_bitmask(1)
+    for budget, expect_free in ((4096, True), (needed, False)):
+        matcher, ids, replaced = grammar.matcher(), [], 0
+        while not matcher.accepts_eos() or not ids:
+            assert len(ids) < budget
+            matcher.fill_bitmask(mask[0])
+            logits = torch.randn(1, compiler.vocab_size, generator=gen)
+            ops.apply_token_bitmask(logits, mask)
+            logits[0, list(tok.eos_token_ids)] = -float("inf")
+            wanted = int(logits.argmax())
+            token = matcher.fit_budget(wanted, budget - len(ids))
+            replaced += token != wanted
+            assert matcher.advance(token), matcher.error
+            ids.append(token)
+            if matcher.is_finished():
+                break
+        jsonschema.validate(json.loads(tok.decode(ids)), RECORD)
+        assert (replaced == 0) == expect_free
+
+
+PERSON_TOOL = {  # what pydantic emits for a model inside a model: the inner one under $defs
+    "$defs": {"Person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                                          "age": {"type": "integer"}},
+                         "required": ["name", "age"], "title": "Person"}},
+    "type": "object",
+    "properties": {"people": {"type": "array", "items": {"$ref": "#/$defs/Person"}, "maxItems": 2},
+                   "enum": {"enum": [{"$ref": "#/not/a/schema"}]}},
+    "required": ["people"],
+}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("others", [{}, {"list_files": None}])
+def test_tool_parameters_with_defs_resolve_under_arguments(compiler, tok, parallel, others):
+    tools = {"add_people": PERSON_TOOL, **others}
+    grammar = compiler.tool_call(tools, parallel=parallel)
+    call = {"name": "add_people", "arguments": {"people": [{"name": "Ann", "age": 31}, {"name": "Bo", "age": 2}]}}
+    text = json.dumps([call] if parallel else call)
+    assert follow(grammar, tok.encode(text, add_special_tokens=False), 400) == tok.encode(text,
+                                                                                          add_special_tokens=False)
+    bad = text.replace('"age": 31', '"age": "31"')  # the $ref is enforced, not skipped
+    matcher = grammar.matcher()
+    assert not all(matcher.advance(t) for t in tok.encode(bad, add_special_tokens=False))
+    for seed in range(2):
+        for parsed in parse_tool_calls(walk(compiler, tok, grammar, seed), tool_names=tools).tool_calls:
+            if parsed.name == "add_people":
+                jsonschema.validate(json.loads(parsed.arguments), PERSON_TOOL)
+    assert compiler.text_or_tool_call(tools) is not None
+
+
+def test_relocated_refs_keep_literals_and_property_names():
+    from mindie.structured.grammar import relocate_refs
+
+    out = relocate_refs(PERSON_TOOL, "/properties/arguments")
+    assert out["properties"]["people"]["items"] == {"$ref": "#/properties/arguments/$defs/Person"}
+    assert out["properties"]["enum"] == {"enum": [{"$ref": "#/not/a/schema"}]}  # a value, not a reference
+    assert relocate_refs({"$ref": "#"}, "/items") == {"$ref": "#/items"}
+    assert relocate_refs({"$ref": "https://example.com/s.json"}, "/x") == {"$ref": "https://example.com/s.json"}
+    assert PERSON_TOOL["properties"]["people"]["items"] == {"$ref": "#/$defs/Person"}  # the input is untouched

@@ -64,23 +64,24 @@ def apply_fallback(messages: list[dict[str, Any]], tools: list[dict[str, Any]] |
 
 def _check_parameters(parameters: dict[str, Any], where: str) -> None:
     """Seed 004's shape: {"type": "object", "properties": {...}, "required": [...]}, with an
-    optional boolean additionalProperties (false when absent, which the grammar honours)."""
+    optional additionalProperties (false when absent, which the grammar honours). `required` may be
+    left out, as JSON Schema allows and langchain, pydantic-ai and the `llm` CLI do for tools whose
+    arguments all have defaults: it reads as []; so may `properties` (a tool without arguments)."""
     if parameters.get("type") != "object":
         raise APIError(422, f"{where}.type must be 'object', got {parameters.get('type')!r}", f"{where}.type")
-    properties = parameters.get("properties")
+    properties = parameters.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, dict) for v in properties.values()):
-        raise APIError(422, f"{where}.properties is required: an object mapping each parameter name to its schema "
+        raise APIError(422, f"{where}.properties must be an object mapping each parameter name to its schema "
                             "object", f"{where}.properties")
-    required = parameters.get("required")
+    required = parameters.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise APIError(422, f"{where}.required is required: a list of parameter names (may be empty)",
-                       f"{where}.required")
+        raise APIError(422, f"{where}.required must be a list of parameter names", f"{where}.required")
     missing = [r for r in required if r not in properties]
     if missing:
         raise APIError(422, f"{where}.required names {missing}, which are not in properties", f"{where}.required")
     extra = parameters.get("additionalProperties", False)
-    if not isinstance(extra, bool):
-        raise APIError(422, f"{where}.additionalProperties must be true or false, got {extra!r}",
+    if not isinstance(extra, bool | dict):
+        raise APIError(422, f"{where}.additionalProperties must be true, false or a schema object, got {extra!r}",
                        f"{where}.additionalProperties")
 
 
