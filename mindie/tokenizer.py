@@ -60,9 +60,11 @@ class Tokenizer:
         eos_token_ids: Sequence[int],
         add_bos_token: bool,
         chat_template: str | None,
+        pad_token_id: int | None = None,
     ) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
+        self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos_token = add_bos_token and bos_token_id is not None
         self.chat_template = chat_template
@@ -92,6 +94,7 @@ class Tokenizer:
                 template = f.read()
         bos = _token_content(cfg.get("bos_token"))
         eos = _token_content(cfg.get("eos_token"))
+        pad = _token_content(cfg.get("pad_token"))
         eos_ids = list(eos_token_ids)
         if eos is not None and backend.token_to_id(eos) is not None and backend.token_to_id(eos) not in eos_ids:
             eos_ids.append(backend.token_to_id(eos))
@@ -101,6 +104,7 @@ class Tokenizer:
             eos_ids,
             bool(cfg.get("add_bos_token", False)),
             template if isinstance(template, str) else None,
+            backend.token_to_id(pad) if pad is not None else None,
         )
 
     @classmethod
@@ -126,12 +130,14 @@ class Tokenizer:
         )
         eos = meta.get("tokenizer.ggml.eos_token_id")
         bos = meta.get("tokenizer.ggml.bos_token_id")
+        pad = meta.get("tokenizer.ggml.padding_token_id")
         return cls(
             backend,
             None if bos is None else int(bos),
             () if eos is None else (int(eos),),
             bool(meta.get("tokenizer.ggml.add_bos_token", False)),
             meta.get("tokenizer.chat_template"),
+            None if pad is None else int(pad),
         )
 
     # --- text <-> ids ----------------------------------------------------------------------

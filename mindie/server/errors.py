@@ -14,13 +14,21 @@ from typing import Any
 # MindIE's error_type per status (http_rest_resource.h)
 _MINDIE_TYPES = {
     400: "Bad Request", 401: "Unauthorized", 404: "NotFoundError", 413: "Request Entity Too Large",
+    415: "Unsupported Media Type",
     422: "Input Validation Error", 424: "Generation Error", 429: "Too Many Requests",
     500: "Incomplete Generation", 503: "Service Unavailable",
 }
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
-    413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
     500: "server_error", 503: "server_error",
+}
+
+# OpenAI's `code` is a string or null (openai-python reads Optional[str]): the names OpenAI uses
+# where a status has one, null for the rest (the message and `param` say what was wrong).
+_OPENAI_CODES = {
+    401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 415: "unsupported_media_type",
+    429: "rate_limit_exceeded", 503: "service_unavailable",
 }
 
 
@@ -42,7 +50,7 @@ class APIError(Exception):
     def body(self, style: ErrorStyle) -> dict[str, Any]:
         if style is ErrorStyle.OPENAI:
             return {"error": {"message": self.message, "type": _OPENAI_TYPES.get(self.status, "server_error"),
-                              "param": self.param, "code": self.status}}
+                              "param": self.param, "code": _OPENAI_CODES.get(self.status)}}
         return {"error": self.message, "error_type": _MINDIE_TYPES.get(self.status, "Incomplete Generation")}
 
     def for_style(self, style: ErrorStyle) -> APIError:

@@ -225,14 +225,14 @@ def test_records_wait_for_a_stream(fresh):
 def test_stop_infer_on_d_aborts_the_request(pd_pair):
     p, d, reader = pd_pair
     body = {"model": "tiny", "prompt": "abc", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "stream_options": {"include_usage": True}}
     envelope(httpx.post(p.url + "/v1/completions", json=body, headers=pd_headers("31337", d), timeout=30))
     r = httpx.post(d.url + "/v2/models/tiny/stopInfer", json={"id": "31337"})
     assert r.status_code == 200, r.text
     records = reader.until("31337")
-    last = json.loads(records[-2].body.removeprefix(b"data: "))
+    last, tail = (json.loads(r.body.removeprefix(b"data: ")) for r in records[-3:-1])
     assert records[-1].body == b"data: [DONE]\n\n" and last["choices"][0]["finish_reason"] == "stop"
-    assert last["usage"]["completion_tokens"] < 200
+    assert tail["choices"] == [] and tail["usage"]["completion_tokens"] < 200
     blocks_back(p, d)
 
 

@@ -81,7 +81,12 @@ def test_chat_stream_framing(tiny_server):
         assert all(c["delta"]["role"] == "assistant" for c in mine[:-1])
         assert all(c["finish_reason"] is None for c in mine[:-1])
         assert mine[-1]["delta"] == {} and mine[-1]["finish_reason"] in ("stop", "length")
-    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    assert not any("usage" in c for c in chunks)  # only with stream_options.include_usage
+    asked = sse_json(post(tiny_server, "/v1/chat/completions", {**body, "ignore_eos": True,
+                                                                 "stream_options": {"include_usage": True}}))
+    assert [c for c in asked if "usage" in c] == [asked[-1]] and asked[-1]["choices"] == []
+    assert asked[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    assert asked[-1]["usage"]["completion_tokens"] == 2 * 5  # n = 2, max_tokens = 5
 
 
 def test_continuous_usage_stats(tiny_server):

@@ -123,8 +123,9 @@ class OpenAIRenderer(Renderer):
 
 @dataclass
 class StreamUsage:
-    """Where a stream's usage goes: a chunk of its own at the end (include_usage), else on the
-    chunk that ends the request (MindIE); with continuous_usage_stats on every chunk as well."""
+    """Where a stream's usage goes: a chunk of its own at the end, only with include_usage (as
+    OpenAI, vLLM and llama.cpp do; MindIE put it on the chunk that ends the request, which clients
+    written for OpenAI read as a second usage); with continuous_usage_stats on every chunk too."""
 
     options: StreamOptions | None
     prompt_tokens: int
@@ -137,12 +138,6 @@ class StreamUsage:
         if self.options and self.options.continuous_usage_stats:
             chunk["usage"] = usage(results, self.prompt_tokens)
         return chunk
-
-    def last(self, chunk: dict[str, Any], results: list[Result]) -> dict[str, Any]:
-        """The chunk after which the request produces nothing more."""
-        if not self.include:
-            chunk["usage"] = usage(results, self.prompt_tokens)
-        return self.running(chunk, results)
 
     def chunks(self, head: dict[str, Any], results: list[Result]) -> list[bytes]:
         """What ends every stream: the usage chunk when asked for, then [DONE]."""

@@ -117,11 +117,12 @@ class ChatRenderer(OpenAIRenderer):
     def _message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a finished sample, and whether it is a tool call."""
         if not self.req.reads_calls:
-            return {"role": "assistant", "content": text, "tool_calls": []}, False
+            return {"role": "assistant", "content": text}, False
         parsed = parse_tool_calls(text, self.names)
         calls = [c.to_openai() for c in parsed.tool_calls]
-        return {"role": "assistant", "content": parsed.content if parsed.content or not calls else None,
-                "tool_calls": calls}, bool(calls)
+        if not calls:  # omitted, not []: OpenAI leaves the field out when nothing was called
+            return {"role": "assistant", "content": parsed.content}, False
+        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, True
 
     def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
         # Seed 001's framing: every delta names the role, and each choice ends with a chunk whose
@@ -142,8 +143,7 @@ class ChatRenderer(OpenAIRenderer):
             chunk = {**head, "choices": [{"index": out.index, "delta": {}, "logprobs": lps, "finish_reason": reason}]}
             if self.full_text:
                 chunk["full_text"] = results[0].samples[out.index].text
-            events.append(sse(self.usage.last(chunk, results) if out.request_done
-                              else self.usage.running(chunk, results)))
+            events.append(sse(self.usage.running(chunk, results)))
         return events
 
     def _deltas(self, index: int, text: str, final: bool) -> list[dict[str, Any]]:

@@ -97,7 +97,6 @@ class CompletionRenderer(OpenAIRenderer):
         self.drop_output = req.max_tokens == 0  # echo alone
         self.usage = StreamUsage(req.stream_options, sum(map(len, prompt_ids)))
         self.offsets: dict[tuple[int, int], int] = {}  # (prompt, sample) -> characters streamed so far
-        self.done = 0  # requests whose last output has been rendered
 
     def _head(self, results: list[Result]) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": "text_completion", "created": self.created,
@@ -148,9 +147,7 @@ class CompletionRenderer(OpenAIRenderer):
         self.offsets[(k, out.index)] = offset + len(out.new_text)
         chunk: dict[str, Any] = {**self._head(results), "choices": [
             self._choice(k, out.index, out.new_text, out.new_logprobs, offset, out.finish_reason)]}
-        self.done += out.request_done
-        last = self.done == len(results) and out.request_done
-        return [sse(self.usage.last(chunk, results) if last else self.usage.running(chunk, results))]
+        return [sse(self.usage.running(chunk, results))]
 
     def end(self, results: list[Result]) -> list[bytes]:
         head = self._head(results)
@@ -160,4 +157,4 @@ class CompletionRenderer(OpenAIRenderer):
         # as one event carrying every choice, then [DONE].
         choices = [self._choice(k, s.index, self.echoed[k] + s.text, s.logprobs, len(self.echoed[k]),
                                 s.finish_reason) for k, result in enumerate(results) for s in result.best(self.n)]
-        return [sse(self.usage.last({**head, "choices": choices}, results)), *self.usage.chunks(head, results)]
+        return [sse(self.usage.running({**head, "choices": choices}, results)), *self.usage.chunks(head, results)]

@@ -62,10 +62,17 @@ class VLLMRenderer(Renderer):
 
 
 class TokenizeRequest(Body):
+    """vLLM's body (`prompt` or `messages`, `add_special_tokens`, `return_token_strs`) or
+    llama.cpp's (`content`, `add_special`, `with_pieces`)."""
+
     prompt: str | None = None
+    content: str | None = None
     messages: list[dict[str, Any]] | None = Field(None, max_length=4096)
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None
+    add_special: bool | None = None
     add_generation_prompt: bool = True
+    return_token_strs: bool = False
+    with_pieces: bool = False
     model: str | None = None
 
 
@@ -76,30 +83,55 @@ class DetokenizeRequest(Body):
 
 async def tokenize(ctx: Serving, request: Request, body: bytes) -> Response:
     req = validate(TokenizeRequest, body)
-    if (req.prompt is None) == (req.messages is None):
-        raise APIError(422, "exactly one of prompt and messages is required", "prompt")
-    if req.prompt is not None:
-        ctx.check_text(req.prompt, "prompt")
-        ids = ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    texts = [(name, v) for name, v in (("prompt", req.prompt), ("content", req.content)) if v is not None]
+    if len(texts) + (req.messages is not None) != 1:
+        raise APIError(422, "exactly one of prompt (or llama.cpp's content) and messages is required", "prompt")
+    if req.add_special_tokens is not None and req.add_special is not None:
+        raise APIError(422, "add_special_tokens (vLLM) and add_special (llama.cpp) name the same choice: send one",
+                       "add_special")
+    if texts:
+        name, text = texts[0]
+        ctx.check_text(text, name)
+        # vLLM adds the special tokens unless told not to; llama.cpp adds them only when asked
+        special = req.add_special_tokens if req.add_special_tokens is not None else \
+            req.add_special if req.add_special is not None else name == "prompt"
+        ids = ctx.tokenizer.encode(text, add_special_tokens=special)
     else:
         _, ids = render_chat(ctx, req.messages, None, req.add_generation_prompt)
-    return json_response({"count": len(ids), "max_model_len": ctx.settings.engine.max_seq_len, "tokens": ids})
+    tokens: list[Any] = ids
+    if req.with_pieces:
+        tokens = [{"id": t, "piece": ctx.tokenizer.decode([t], skip_special_tokens=False)} for t in ids]
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": ctx.settings.engine.max_seq_len, "tokens": tokens}
+    if req.return_token_strs:
+        out["token_strs"] = [ctx.tokenizer.id_to_token(t) for t in ids]
+    return json_response(out)
 
 
 async def detokenize(ctx: Serving, request: Request, body: bytes) -> Response:
     req = validate(DetokenizeRequest, body)
     ids = ctx.check_token_ids(list(req.tokens), "tokens") if req.tokens else []
-    return json_response({"prompt": ctx.tokenizer.decode(ids, skip_special_tokens=False)})
+    text = ctx.tokenizer.decode(ids, skip_special_tokens=False)
+    return json_response({"prompt": text, "content": text})  # vLLM's name, and llama.cpp's
 
 
 async def tokenizer_info(ctx: Serving, request: Request) -> Response:
     tok = ctx.tokenizer
+
+    def text(token_id: int | None) -> str | None:
+        return None if token_id is None else tok.id_to_token(token_id)
+
+    eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
     return json_response({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": ctx.settings.engine.max_seq_len,
         "vocab_size": tok.vocab_size,
         "bos_token_id": tok.bos_token_id,
+        "bos_token": text(tok.bos_token_id),
+        "eos_token_id": eos,
         "eos_token_ids": list(tok.eos_token_ids),
+        "eos_token": text(eos),
+        "pad_token_id": tok.pad_token_id,
+        "pad_token": text(tok.pad_token_id),
         "add_bos_token": tok.add_bos_token,
         "chat_template": tok.chat_template,
     })
