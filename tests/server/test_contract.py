@@ -130,7 +130,7 @@ def test_token_limit_names_all_four(tiny_server):
 
 def test_health_and_unknown_routes_on_the_business_plane(tiny_server):
     assert httpx.get(tiny_server.url + "/health").status_code == 200
-    r = httpx.get(tiny_server.url + "/v1/responses/abc")
+    r = httpx.get(tiny_server.url + "/v1/vector_stores/abc")
     assert r.status_code == 404 and r.json()["error"]["message"] and r.json()["error"]["type"] == "not_found_error"
     r = httpx.post(tiny_server.url + "/v1/nothing", json={})
     assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
