@@ -25,7 +25,7 @@ from mindie.server import decode, dmi, management
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, describe, validate
 from mindie.server.handler import generation
-from mindie.server.protocols import native, openai, openai_chat, openai_completions, tgi, triton, vllm
+from mindie.server.protocols import native, openai, openai_chat, openai_completions, openai_responses, tgi, triton, vllm
 from mindie.server.protocols.base import Call, Renderer
 from mindie.server.responses import error_response, json_response
 from mindie.server.serving import Serving
@@ -96,6 +96,10 @@ ROUTES: list[RouteSpec] = [
               "OpenAI chat"),
     RouteSpec(BUSINESS, "POST", "/v1/completions", generation(openai_completions.parse), OAI,
               openai_completions.CompletionRequest, "OpenAI completions"),
+    RouteSpec(BUSINESS, "POST", "/v1/responses", openai_responses.create_route(generation(openai_responses.parse)),
+              OAI, openai_responses.ResponsesRequest, "OpenAI Responses"),
+    RouteSpec(BUSINESS, "GET", "/v1/responses/{response_id}", openai_responses.get_response, OAI),
+    RouteSpec(BUSINESS, "DELETE", "/v1/responses/{response_id}", openai_responses.delete_response, OAI),
     RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate", generation(triton.parse_generate), NAT,
               triton.TritonTextRequest, "Triton text generation"),
     RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate_stream", generation(triton.parse_generate_stream), NAT,
