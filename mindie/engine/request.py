@@ -60,6 +60,9 @@ class SamplingParams:
     do_sample: bool = True  # False: greedy whatever the temperature
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    # (token id, bias) pairs added to the logits before anything else looks at them, as OpenAI's
+    # logit_bias: -100 bans a token, +100 all but forces it
+    logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -103,6 +106,10 @@ class SamplingParams:
             isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
             "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} non-negative integers",
             self.stop_token_ids if len(self.stop_token_ids) <= 8 else f"{len(self.stop_token_ids)} ids")
+        _check(all(isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and -100 <= b <= 100
+                   for t, b in self.logit_bias) and len({t for t, _ in self.logit_bias}) == len(self.logit_bias),
+               "logit_bias", "distinct non-negative token ids, each with a bias in [-100, 100]",
+               self.logit_bias if len(self.logit_bias) <= 8 else f"{len(self.logit_bias)} entries")
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
         _check(self.best_of is None or (isinstance(self.best_of, int) and self.n <= self.best_of <= MAX_N),
                "best_of", f"in [n={self.n}, {MAX_N}]", self.best_of)
@@ -118,6 +125,7 @@ class SamplingParams:
                 _check(getattr(self, name) == neutral, name, f"{neutral} with use_beam_search", getattr(self, name))
             _check(self.prompt_logprobs is None, "prompt_logprobs", "unset with use_beam_search", self.prompt_logprobs)
             _check(not self.stop, "stop", "empty with use_beam_search", self.stop)
+            _check(not self.logit_bias, "logit_bias", "empty with use_beam_search", self.logit_bias)
 
     @property
     def num_samples(self) -> int:

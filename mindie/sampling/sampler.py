@@ -3,8 +3,8 @@
 Order (kernels/cpu/sampling.h): repetition penalty over prompt + output, presence and frequency
 penalties over output, temperature (0 = greedy), top-k, top-p, then one seeded Philox draw per row
 keyed by (seed, number of tokens generated so far), so a seeded request gets the same tokens in
-any batch. Log-probabilities are of the raw logits, after a grammar's mask when the request
-has one (a disallowed token has log-probability -inf).
+any batch. Log-probabilities are of the raw logits plus the request's logit_bias, after a
+grammar's mask when the request has one (a disallowed token has log-probability -inf).
 """
 
 from __future__ import annotations
@@ -38,7 +38,19 @@ def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     ops.apply_token_bitmask(logits, bitmask, mask_index)
 
 
+def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Adds each request's logit_bias to its row, all rows in one indexed add."""
+    entries = [(r, t, b) for r, s in enumerate(seqs) for t, b in s.request.params.logit_bias]
+    if not entries:
+        return
+    rows, cols, values = zip(*entries)
+    with torch.inference_mode():  # the model's logits are inference tensors
+        logits.index_put_((torch.tensor(rows), torch.tensor(cols)), torch.tensor(values, dtype=logits.dtype),
+                          accumulate=True)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> ops.SampleOutput:
+    _apply_logit_bias(logits, seqs)
     _apply_grammars(logits, seqs)
     params = [s.request.params for s in seqs]
     temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)

@@ -120,6 +120,12 @@ ROUTES: list[RouteSpec] = [
     # Load testers (guidellm) and proxies probe /health on the URL they are given, as vLLM and TGI
     # answer it on their API port: the business plane answers it too.
     RouteSpec(BUSINESS, "GET", "/health", management.health, public=True),
+    # Scrapers and load tools (aiperf) read /metrics, and KServe clients probe health, on the URL
+    # they are given.
+    RouteSpec(BUSINESS, "GET", "/metrics", management.metrics, public=True),
+    RouteSpec(BUSINESS, "GET", "/v2/health/live", management.live, public=True),
+    RouteSpec(BUSINESS, "GET", "/v2/health/ready", management.ready, public=True),
+    RouteSpec(BUSINESS, "GET", "/v2/models/{model}/ready", management.model_ready, public=True),
     RouteSpec(MANAGEMENT, "GET", "/health", management.health),
     RouteSpec(MANAGEMENT, "GET", "/health/timed", management.health_timed),
     RouteSpec(MANAGEMENT, "GET", "/health/timed-{seconds}", management.health_timed),
@@ -160,6 +166,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def check_json_body(request: Request) -> None:
+    """A POST body must be JSON, or say nothing of its type. The types a browser may send
+    cross-site without a CORS preflight (form data, text/plain) are refused, so a page the user
+    visits cannot drive the server."""
+    if request.headers.get("inference-header-content-length") is not None:
+        raise APIError(400, "the binary tensor extension is not supported: send the tensors as JSON "
+                            "(tritonclient: binary_data=False on each InferInput and InferRequestedOutput)")
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise APIError(415, f"Content-Type must be application/json, got {media!r}", "Content-Type")
+
+
 def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
     guarded = spec.plane == BUSINESS and ctx.settings.api_key is not None and not spec.public
     expected = f"Bearer {ctx.settings.api_key}".encode() if guarded else b""
@@ -170,6 +188,7 @@ def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Re
                 raise APIError(401, "a valid API key is required: send the header 'Authorization: Bearer <key>'",
                                headers={"WWW-Authenticate": "Bearer"})
             if spec.method == "POST":
+                check_json_body(request)
                 body = await read_body(request, ctx.settings.max_request_bytes)
                 return await spec.handler(ctx, request, body)
             return await spec.handler(ctx, request)

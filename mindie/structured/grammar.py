@@ -24,6 +24,7 @@ from typing import Any
 import llguidance
 import numpy as np
 import torch
+from llguidance.gbnf_to_lark import any_to_lark
 
 from mindie.structured.errors import GrammarError
 from mindie.tokenizer import Tokenizer
@@ -163,6 +164,11 @@ class Grammar:
     def matcher(self) -> GrammarMatcher:
         return GrammarMatcher(self._matcher.deep_copy(), self._words, self._closers)
 
+    @property
+    def budgeted(self) -> bool:
+        """Whether outputs end in time within max_tokens (JSON: see GrammarMatcher.fit_budget)."""
+        return self._closers is not None
+
 
 class GrammarCompiler:
     """Compiles JSON schemas for one tokenizer, caching up to ``cache_size`` grammars (LRU).
@@ -234,6 +240,38 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         return grammar
 
+    def regex(self, pattern: str) -> Grammar:
+        """Output must match `pattern` in full (vLLM's guided_regex, TGI's regex grammar)."""
+        return self._cached("regex:" + pattern, lambda: self._free_form(
+            llguidance.LLMatcher.grammar_from_regex(pattern), "regex"))
+
+    def choice(self, options: Sequence[str]) -> Grammar:
+        """Output must be exactly one of `options` (vLLM's guided_choice)."""
+        if not options or not all(isinstance(o, str) and o for o in options):
+            raise GrammarError("choice: a non-empty list of non-empty strings is needed")
+        lark = "start: " + " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+        return self._cached("lark:" + lark, lambda: self._free_form(lark, "choice"))
+
+    def grammar(self, text: str) -> Grammar:
+        """Output must follow a context-free grammar, in Lark's syntax (llguidance's) or in
+        llama.cpp's GBNF (rules written `name ::= ...`), which is converted to Lark first."""
+        def build() -> Grammar:
+            try:
+                lark = any_to_lark(text)
+            except Exception as e:  # the converter raises its own error types and a few plain ones
+                raise GrammarError(f"invalid grammar: {e}") from None
+            return self._free_form(lark, "grammar")
+
+        return self._cached("grammar:" + text, build)
+
+    def _free_form(self, grammar: str, what: str) -> Grammar:
+        """A grammar that is not JSON: no budget-aware ending, since the closers that shortest
+        completions are built from are JSON's (max_tokens may cut such an output short)."""
+        try:
+            return self._finish(grammar, closers=False)
+        except GrammarError as e:
+            raise GrammarError(f"invalid {what}: {str(e).removeprefix('invalid JSON schema: ')}") from None
+
     def json_object(self) -> Grammar:
         """Output must be some JSON object (response_format json_object)."""
         return self.json_schema({"type": "object"})
@@ -274,7 +312,7 @@ class GrammarCompiler:
             raise GrammarError(f"invalid JSON schema: {e}") from None
         return self._finish(text)
 
-    def _finish(self, text: str) -> Grammar:
+    def _finish(self, text: str, closers: bool = True) -> Grammar:
         matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
         if matcher.is_error():
             raise GrammarError(f"invalid JSON schema: {matcher.get_error()}")
@@ -284,7 +322,7 @@ class GrammarCompiler:
         probe.compute_bitmask()
         if probe.is_error():
             raise GrammarError(f"invalid JSON schema: {probe.get_error()}")
-        return Grammar(matcher, self.bitmask_words, self._get_closers())
+        return Grammar(matcher, self.bitmask_words, self._get_closers() if closers else None)
 
     def _get_closers(self) -> Closers:
         with self._lock:

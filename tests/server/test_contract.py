@@ -2,6 +2,7 @@
 test relies on a seeded output being the same twice, never on what that output is."""
 
 import json
+import re
 
 import httpx
 import pytest
@@ -68,9 +69,37 @@ def test_stop_limits(tiny_server):
     many = [f"never{i}" for i in range(1024)]
     assert post(tiny_server, "/v1/completions", {**base, "stop": many}).status_code == 200
     assert post(tiny_server, "/v1/chat/completions", {**CHAT, "max_tokens": 2, "stop": many}).status_code == 200
-    # stop_token_ids outside int32 (or the vocabulary) are ignored, not refused
-    r = post(tiny_server, "/v1/completions", {**base, "stop_token_ids": [2**40, -5, 10**6]})
-    assert r.status_code == 200, r.text
+    # stop_token_ids outside the vocabulary are refused, naming the id and the vocabulary's size
+    first = post(tiny_server, "/v1/completions", {**base, "stop_token_ids": [-5]}).json()["error"]["message"]
+    vocab = int(re.search(r"\[0, (\d+)\)", first).group(1))  # the model's (its logits' width)
+    assert vocab >= httpx.get(tiny_server.url + "/tokenizer_info").json()["vocab_size"]
+    for bad in (-5, vocab, 2**40):
+        r = post(tiny_server, "/v1/completions", {**base, "stop_token_ids": [3, bad]})
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 400 and str(bad) in msg and f"[0, {vocab})" in msg, r.text
+        assert r.json()["error"]["param"] == "stop_token_ids"
+    assert post(tiny_server, "/v1/completions", {**base, "stop_token_ids": [vocab - 1]}).status_code == 200
+
+
+def test_logit_bias_moves_the_choice(tiny_server):
+    base = {"model": "tiny", "prompt": "ab", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    free = post(tiny_server, "/v1/completions", base).json()["choices"][0]["token_ids"]
+    forced = post(tiny_server, "/v1/completions", {**base, "logit_bias": {"7": 100}}).json()["choices"][0]
+    assert forced["token_ids"] == [7, 7, 7, 7]
+    banned = post(tiny_server, "/v1/completions", {**base, "logit_bias": {str(free[0]): -100}}).json()
+    assert banned["choices"][0]["token_ids"][0] != free[0]
+    chat = post(tiny_server, "/v1/chat/completions", {**CHAT, "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                                                     "logit_bias": {"9": 100}, "logprobs": True}).json()
+    assert [c["token"] for c in chat["choices"][0]["logprobs"]["content"]] == [
+        post(tiny_server, "/detokenize", {"tokens": [9]}).json()["prompt"]] * 3
+    vocab = httpx.get(tiny_server.url + "/tokenizer_info").json()["vocab_size"]
+    vocab = int(re.search(r"\[0, (\d+)\)", post(tiny_server, "/v1/completions", {**base, "logit_bias": {
+        str(10**6): 1}}).json()["error"]["message"]).group(1))
+    for key, words in ((str(vocab), f"[0, {vocab})"), ("-1", f"[0, {vocab})"), ("x", "not a token id"),
+                       ("5", "[-100, 100]")):
+        r = post(tiny_server, "/v1/completions", {**base, "logit_bias": {key: 101 if key == "5" else 1}})
+        assert r.status_code == 400 and words in r.json()["error"]["message"] and key in r.json()["error"]["message"]
 
 
 def test_chat_stream_framing(tiny_server):
@@ -176,3 +205,63 @@ def test_structured_output_always_parses_within_max_tokens(smol_server):
                                                          "messages": CHAT["messages"], "max_tokens": 3,
                                                          "response_format": fmt})
     assert too_few.status_code == 400 and "needs at least" in too_few.json()["error"]["message"]
+
+
+def test_return_token_ids(tiny_server):
+    base = {"model": "tiny", "prompt": "hello", "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    whole = post(tiny_server, "/v1/completions", base).json()["choices"][0]
+    assert whole["prompt_token_ids"] == post(tiny_server, "/tokenize", {"prompt": "hello"}).json()["tokens"]
+    assert post(tiny_server, "/detokenize", {"tokens": whole["token_ids"]}).json()["prompt"] == whole["text"]
+    chunks = sse_json(post(tiny_server, "/v1/completions", {**base, "stream": True}))
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == whole["token_ids"]
+    assert [c["choices"][0].get("prompt_token_ids") for c in chunks if "prompt_token_ids" in c["choices"][0]] == [
+        whole["prompt_token_ids"]]
+    chat = {**CHAT, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    body = post(tiny_server, "/v1/chat/completions", chat).json()
+    assert body["prompt_token_ids"] == post(tiny_server, "/tokenize", {"messages": CHAT["messages"]}).json()["tokens"]
+    ids = body["choices"][0]["token_ids"]
+    assert post(tiny_server, "/detokenize", {"tokens": ids}).json()["prompt"] == body["choices"][0]["message"][
+        "content"]
+    chunks = sse_json(post(tiny_server, "/v1/chat/completions", {**chat, "stream": True}))
+    assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
+    assert [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids", [])] == ids
+
+
+def test_prompt_logprobs_agree_with_echo_scoring(tiny_server):
+    base = {"model": "tiny", "prompt": "hello there", "max_tokens": 1, "temperature": 0}
+    scored = post(tiny_server, "/v1/completions", {**base, "echo": True, "logprobs": 2}).json()["choices"][0]
+    vllm = post(tiny_server, "/v1/completions", {**base, "prompt_logprobs": 2, "return_token_ids": True}).json()
+    choice = vllm["choices"][0]
+    entries, ids = choice["prompt_logprobs"], choice["prompt_token_ids"]
+    assert entries[0] is None and len(entries) == len(ids)
+    for k, (entry, token) in enumerate(zip(entries[1:], ids[1:]), 1):
+        assert entry[str(token)]["logprob"] == pytest.approx(scored["logprobs"]["token_logprobs"][k], abs=1e-5)
+        top = sorted((v for t, v in entry.items() if v["rank"] is not None), key=lambda v: v["rank"])
+        assert [v["rank"] for v in top] == list(range(1, len(top) + 1)) and len(top) == 2
+        assert top[0]["logprob"] >= top[1]["logprob"] >= entry[str(token)]["logprob"] or entry[str(token)]["rank"]
+    chat = post(tiny_server, "/v1/chat/completions", {**CHAT, "max_tokens": 1, "prompt_logprobs": 1}).json()
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    r = post(tiny_server, "/v1/completions", {**base, "prompt_logprobs": 1, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_continue_final_message_and_echo(tiny_server):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"}]
+    body = {"model": "tiny", "messages": messages, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    cont = post(tiny_server, "/v1/chat/completions", {**body, "continue_final_message": True,
+                                                      "add_generation_prompt": False, "echo": True}).json()
+    whole = post(tiny_server, "/tokenize", {"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    prompt = cont["prompt_token_ids"]
+    assert whole[: len(prompt)] == prompt  # the same rendering, up to the final message's text
+    assert post(tiny_server, "/detokenize", {"tokens": prompt}).json()["prompt"].endswith("The answer is")
+    same = post(tiny_server, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 5,
+                                                 "temperature": 0, "ignore_eos": True}).json()
+    assert cont["choices"][0]["message"]["content"] == "The answer is" + same["choices"][0]["text"]
+    chunks = sse_json(post(tiny_server, "/v1/chat/completions", {**body, "continue_final_message": True,
+                                                                 "add_generation_prompt": False, "echo": True,
+                                                                 "stream": True}))
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == \
+        cont["choices"][0]["message"]["content"]
+    both = post(tiny_server, "/v1/chat/completions", {**body, "continue_final_message": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"

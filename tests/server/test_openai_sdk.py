@@ -136,3 +136,19 @@ def test_special_token_text_in_a_message_stays_text(smol_server):
     assert r["tokens"].count(im_start) == plain["tokens"].count(im_start) == 3  # default system, user, assistant
     text = httpx.post(smol_server.url + "/detokenize", json={"tokens": r["tokens"]}).json()["prompt"]
     assert injected in text  # the text itself, including {{7*7}}, unrendered
+
+
+def test_continue_final_message_cuts_the_turn_end(client, smol_server):
+    """ChatML ends a turn with <|im_end|>: continuing the final message drops it (and what follows),
+    so the model goes on with that message's text instead of starting a new turn."""
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite is"}]
+    whole = httpx.post(smol_server.url + "/tokenize", json={"messages": messages,
+                                                           "add_generation_prompt": False}).json()["tokens"]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                           extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                                                       "echo": True, "return_token_ids": True})
+    prompt = reply.model_extra["prompt_token_ids"]
+    assert whole[: len(prompt)] == prompt and len(prompt) < len(whole)
+    text = httpx.post(smol_server.url + "/detokenize", json={"tokens": prompt}).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\nMy favourite is")
+    assert reply.choices[0].message.content.startswith("My favourite is")

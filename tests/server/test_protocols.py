@@ -188,7 +188,69 @@ def test_tokenizer_routes(tiny_server):
     t = post(tiny_server, "/tokenize", {"prompt": "hello"}).json()
     assert t["count"] == len(t["tokens"])
     d = post(tiny_server, "/detokenize", {"tokens": t["tokens"]}).json()
-    assert d["prompt"].endswith("hello")
+    assert d["prompt"].endswith("hello") and d["content"] == d["prompt"]
+
+
+def test_tokenize_in_llamacpp_and_vllm_shapes(tiny_server):
+    vllm = post(tiny_server, "/tokenize", {"prompt": "hello world", "return_token_strs": True}).json()
+    plain = post(tiny_server, "/tokenize", {"prompt": "hello world", "add_special_tokens": False}).json()
+    llama = post(tiny_server, "/tokenize", {"content": "hello world"}).json()  # llama.cpp: no specials by default
+    assert llama["tokens"] == plain["tokens"]
+    assert post(tiny_server, "/tokenize", {"content": "hello world", "add_special": True}).json()["tokens"] == \
+        vllm["tokens"]
+    pieces = post(tiny_server, "/tokenize", {"content": "hello world", "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain["tokens"] and "".join(p["piece"] for p in pieces) == "hello world"
+    assert len(vllm["token_strs"]) == len(vllm["tokens"]) and all(isinstance(s, str) for s in vllm["token_strs"])
+    assert post(tiny_server, "/detokenize", {"tokens": plain["tokens"]}).json()["content"] == "hello world"
+    both = post(tiny_server, "/tokenize", {"prompt": "a", "content": "b"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
+
+
+def test_tokenizer_info_names_the_special_tokens(tiny_server):
+    info = httpx.get(tiny_server.url + "/tokenizer_info").json()
+    eos = info["eos_token_id"]
+    assert eos == info["eos_token_ids"][0]
+    assert post(tiny_server, "/detokenize", {"tokens": [eos]}).json()["prompt"] == info["eos_token"]
+    assert {"bos_token", "bos_token_id", "pad_token", "pad_token_id"} <= set(info)
+    if info["bos_token_id"] is not None:
+        assert post(tiny_server, "/detokenize", {"tokens": [info["bos_token_id"]]}).json()["prompt"] == \
+            info["bos_token"]
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/v2/health/live", "/v2/health/ready", "/v2/models/tiny/ready"])
+def test_metrics_and_kserve_health_on_the_business_port(tiny_server, path):
+    r = httpx.get(tiny_server.url + path, timeout=30)
+    assert r.status_code == 200, r.text
+    if path == "/metrics":  # the metrics plane's families, under the same names
+        def families(text: str) -> list[str]:
+            return [line for line in text.splitlines() if line.startswith("# TYPE")]
+        assert families(r.text) == families(httpx.get(tiny_server.metrics_url + path).text)
+        assert any("request_success_total" in f for f in families(r.text))
+    assert httpx.get(tiny_server.url + "/v2/models/other/ready").status_code == 404
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions", "/infer", "/generate", "/tokenize",
+                                   "/v2/models/tiny/generate"])
+@pytest.mark.parametrize("ctype", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; b=x"])
+def test_non_json_bodies_are_415(tiny_server, route, ctype):
+    """The types a browser may POST cross-site without a preflight never reach the engine."""
+    body = json.dumps({"model": "tiny", "prompt": "hi", "inputs": "hi", "text_input": "hi",
+                       "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(tiny_server.url + route, content=body, headers={"Content-Type": ctype}, timeout=30)
+    assert r.status_code == 415, r.text
+    assert "application/json" in json.dumps(r.json())
+    ok = httpx.post(tiny_server.url + route, content=body, headers={"Content-Type": "application/json; charset=utf-8"},
+                    timeout=30)
+    assert ok.status_code != 415
+
+
+def test_triton_binary_tensors_are_a_400_that_says_to_use_json(tiny_server):
+    header = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64",
+                                     "parameters": {"binary_data_size": 16}}]}).encode()
+    r = httpx.post(tiny_server.url + "/v2/models/tiny/infer", content=header + bytes(16), timeout=30,
+                   headers={"Inference-Header-Content-Length": str(len(header)),
+                            "Content-Type": "application/octet-stream"})
+    assert r.status_code == 400 and "binary_data=False" in r.json()["error"]
 
 
 @pytest.mark.parametrize("path", ["/health", "/v2/health/live", "/v2/health/ready", "/v2/models/tiny/ready",

@@ -51,11 +51,14 @@ class Tool(Body):
 
 
 def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add_generation_prompt: bool = True,
-                template: str | None = None, kwargs: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+                template: str | None = None, kwargs: dict[str, Any] | None = None,
+                continue_final: bool = False) -> tuple[str, list[int]]:
     """The conversation through the model's chat template (or the request's), in Jinja's sandbox,
     as text and token ids; tools through the template when it takes them, else through the
     fallback block. What the client wrote in a message is tokenized as plain text: a
-    "<|im_start|>" there is text, never a control token. Only the template's own text can be."""
+    "<|im_start|>" there is text, never a control token. Only the template's own text can be.
+    `continue_final`: the prompt ends where the final message's text ends (the template's end
+    of turn cut off), so the model goes on writing that message."""
     plain = []
     for i, m in enumerate(messages):
         m = m if isinstance(m, Message) else parse_message(m, i)
@@ -95,6 +98,8 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         # the template is code over the client's messages: any failure is the request's
         raise APIError(422, f"the chat template failed on these messages: {exc}", "messages") from None
     pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", rendered)
+    if continue_final:
+        pieces = _cut_after_final(pieces, plain, len(contents) - 1)
     text = "".join(contents[int(p)] if k % 2 else p for k, p in enumerate(pieces))
     if not any(s in c for c in contents for s in ctx.tokenizer.special_texts):
         # nothing to defuse: the whole prompt in one pass, exactly as transformers tokenizes it
@@ -106,6 +111,19 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         elif piece:
             ids += ctx.tokenizer.encode(piece, add_special_tokens=False)
     return text, ids
+
+
+def _cut_after_final(pieces: list[str], plain: list[dict[str, Any]], final: int) -> list[str]:
+    """`pieces` (template text and message markers, alternating) up to the final message's text."""
+    where = f"messages[{len(plain) - 1}].content"
+    if not isinstance(plain[-1].get("content"), str) or not final >= 0:
+        raise APIError(422, f"continue_final_message needs the final message to have text content ({where})",
+                       where)
+    marks = [k for k in range(1, len(pieces), 2) if int(pieces[k]) == final]
+    if not marks:
+        raise APIError(422, "continue_final_message: the chat template does not render the final message",
+                       where)
+    return pieces[: marks[-1] + 1]
 
 
 def parse_message(raw: Any, i: int) -> Message:

@@ -5,17 +5,18 @@ model routes GET /v1/models[/{m}]."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mindie.engine.request import TokenLogprob
+from mindie.engine.request import SamplingParams, TokenLogprob
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number
 from mindie.server.protocols.base import Renderer, sse
+from mindie.server.protocols.guided import GuidedFields
 from mindie.server.protocols.params import SamplingFields
 from mindie.server.responses import json_response
 from mindie.server.results import Result
@@ -30,12 +31,22 @@ class StreamOptions(Body):
     continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
 
 
-class OpenAIFields(SamplingFields):
+class OpenAIFields(SamplingFields, GuidedFields):
     model: Annotated[str, Field(min_length=1)]
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_completion_tokens: number(0, INT32_MAX, lo_open=True, integer=True) | None = None  # type: ignore[valid-type]
     user: str | None = None
+    # vLLM's: the prompt's and each choice's token ids, and the prompt tokens' log-probabilities
+    return_token_ids: bool = False
+    prompt_logprobs: number(0, 20, integer=True) | None = None  # type: ignore[valid-type]
+
+    def with_prompt_logprobs(self, params: SamplingParams) -> SamplingParams:
+        if self.prompt_logprobs is None:
+            return params
+        if self.stream:
+            raise APIError(422, "prompt_logprobs is available without stream only", "prompt_logprobs")
+        return replace(params, prompt_logprobs=max(self.prompt_logprobs, params.prompt_logprobs or 0))
 
     @property
     def output_limit(self) -> int | None:
@@ -87,6 +98,24 @@ def completion_logprobs(tokenizer: Tokenizer, lps: list[TokenLogprob | None], of
     return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for lp in lps],
             "top_logprobs": [_top(tokenizer, lp) if lp else None for lp in lps],
             "text_offset": offsets}
+
+
+def vllm_prompt_logprobs(tokenizer: Tokenizer, prompt_ids: list[int],
+                         lps: list[TokenLogprob | None] | None) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs: per prompt token (None for the first, which nothing predicts) the
+    token and the top-N, id -> {logprob, rank, decoded_token}; a rank the top-N does not show is
+    null (not computed)."""
+    out: list[dict[str, Any] | None] = []
+    for token, lp in zip(prompt_ids, lps or [None] * len(prompt_ids)):
+        if lp is None:
+            out.append(None)
+            continue
+        ranks = {t: r for r, (t, _) in enumerate(lp.top, 1)}
+        entry = {}
+        for t, v in [(token, lp.logprob), *lp.top]:
+            entry.setdefault(str(t), {"logprob": v, "rank": ranks.get(t), "decoded_token": _piece(tokenizer, t)})
+        out.append(entry)
+    return out
 
 
 # --- usage ---------------------------------------------------------------------------------------

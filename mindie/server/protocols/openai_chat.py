@@ -3,7 +3,6 @@ structured output, and the chat shapes (choices with a message, or chunks with d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -14,8 +13,17 @@ from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, Body, number, validate
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.guided import compile_checked, compile_guided, one_of
 from mindie.server.protocols.messages import Message, Tool, render_chat
-from mindie.server.protocols.openai import OpenAIFields, OpenAIRenderer, StreamUsage, chat_logprobs, check_model, usage
+from mindie.server.protocols.openai import (
+    OpenAIFields,
+    OpenAIRenderer,
+    StreamUsage,
+    chat_logprobs,
+    check_model,
+    usage,
+    vllm_prompt_logprobs,
+)
 from mindie.server.results import Result, StreamItem
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
 
@@ -29,6 +37,9 @@ MAX_MESSAGES = 4096
 class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
+    # llama.cpp's {"type": "json_object", "schema": ...} and huggingface_hub's "value"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    value: dict[str, Any] | None = None
 
 
 class ChatRequest(OpenAIFields):
@@ -46,6 +57,9 @@ class ChatRequest(OpenAIFields):
     chat_template: Annotated[str, Field(max_length=65536)] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # vLLM's: go on writing the final message, and (echo) start the reply with that message's text
+    continue_final_message: bool = False
+    echo: bool = False
 
     @property
     def reads_calls(self) -> bool:
@@ -60,38 +74,46 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
         raise APIError(422, "top_logprobs requires logprobs to be true", "top_logprobs")
     tools = tools_support.check_tools(req.tools, req.tool_choice)
     offered = req.tools if req.tool_choice != "none" else None
+    if req.continue_final_message and req.add_generation_prompt:
+        raise APIError(422, "continue_final_message and add_generation_prompt cannot both be true: set "
+                            "add_generation_prompt to false to continue the final message", "continue_final_message")
     prompt, ids = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
-                              dict(req.chat_template_kwargs or {}))
+                              dict(req.chat_template_kwargs or {}), continue_final=req.continue_final_message)
     ids = ctx.fit_prompt(ids, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = req.sampling_params(ctx, logprobs=logprobs, max_tokens=req.output_limit, stream=req.stream)
-    grammar = None
+    params = req.with_prompt_logprobs(req.sampling_params(ctx, logprobs=logprobs, max_tokens=req.output_limit,
+                                                          stream=req.stream))
     strict = any(t.function.strict for t in req.tools or ())
-    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or req.response_format is not None or (
+    formatted = req.response_format is not None and req.response_format.type != "text"
+    guided = one_of(req.guided())
+    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or formatted or (
             strict and req.tool_choice != "none"):
-        grammar = await asyncio.to_thread(tools_support.constraint, ctx.grammars, tools, req.tool_choice,
-                                          req.response_format, strict)
-        if grammar is not None and params.max_tokens is not None:
-            needed = grammar.matcher().min_tokens(limit=params.max_tokens + 1)
-            if needed is None or needed > params.max_tokens:
-                what = "response_format" if req.response_format is not None else "the tool call"
-                raise APIError(422, f"max_tokens is {params.max_tokens}, too few for any valid output: {what} "
-                                    f"needs at least {needed or 'more than ' + str(params.max_tokens)} tokens",
-                               "max_tokens")
+        if guided is not None:
+            raise APIError(422, f"{guided.param} cannot be combined with response_format, a required or named "
+                                "tool_choice, or strict tools: they constrain the same output", guided.param)
+        grammar = await compile_checked(
+            ctx, lambda: tools_support.constraint(ctx.grammars, tools, req.tool_choice, req.response_format, strict),
+            params.max_tokens, "response_format" if formatted else "the tool call")
+    else:
+        grammar = await compile_guided(ctx, guided, params.max_tokens)
     request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar)
-    return Call([request], stream=req.stream), ChatRenderer(req, params, ctx.tokenizer, len(ids),
+    final = req.messages[-1]
+    echoed = final.content if req.echo and final.role == "assistant" and isinstance(final.content, str) else ""
+    return Call([request], stream=req.stream), ChatRenderer(req, params, ctx.tokenizer, ids, echoed,
                                                             ctx.settings.full_text)
 
 
 class ChatRenderer(OpenAIRenderer):
-    def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_tokens: int,
-                 full_text: bool) -> None:
+    def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_ids: list[int],
+                 echoed: str, full_text: bool) -> None:
         super().__init__()
         self.req = req
         self.n = params.n
         self.tokenizer = tokenizer
+        self.prompt_ids = prompt_ids
+        self.echoed = echoed  # the final message's text, which the reply starts with (echo)
         self.full_text = full_text
-        self.usage = StreamUsage(req.stream_options, prompt_tokens)
+        self.usage = StreamUsage(req.stream_options, len(prompt_ids))
         self.names = [t.function.name for t in req.tools or ()]
         # per sample, when streaming: the parser that finds tool calls in its deltas, and whether
         # it found one (the finish reason is then tool_calls)
@@ -105,14 +127,40 @@ class ChatRenderer(OpenAIRenderer):
     def whole(self, results: list[Result]) -> Any:
         choices = []
         for s in results[0].best(self.n):
-            message, called = self._message(s.text)
+            message, called = self._message(self.echoed + s.text)
             reason = "tool_calls" if called and s.finish_reason is not FinishReason.LENGTH else \
                 OPENAI_REASONS[s.finish_reason]
-            choices.append({"index": s.index, "message": message,
-                            "logprobs": chat_logprobs(self.tokenizer, s.logprobs) if self.req.logprobs else None,
-                            "finish_reason": reason})
-        return {**self._head(results, "chat.completion"), "choices": choices,
+            choice = {"index": s.index, "message": message,
+                      "logprobs": chat_logprobs(self.tokenizer, s.logprobs) if self.req.logprobs else None,
+                      "finish_reason": reason}
+            if self.req.return_token_ids:
+                choice["token_ids"] = s.token_ids
+            choices.append(choice)
+        body = {**self._head(results, "chat.completion"), "choices": choices,
                 "usage": usage(results, self.usage.prompt_tokens)}
+        return self._with_prompt_extras(body, results)
+
+    def _with_prompt_extras(self, body: dict[str, Any], results: list[Result]) -> dict[str, Any]:
+        """vLLM's top-level prompt_token_ids and prompt_logprobs, when asked for."""
+        if self.req.return_token_ids:
+            body["prompt_token_ids"] = self.prompt_ids
+        if self.req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, self.prompt_ids, results[0].prompt_logprobs)
+        return body
+
+    def begin(self, results: list[Result]) -> list[bytes]:
+        """With echo, each choice's first chunk is the final message's text; with
+        return_token_ids, a chunk carries the prompt's ids before any output."""
+        head = self._head(results, "chat.completion.chunk")
+        events = []
+        if self.req.return_token_ids:
+            events.append(sse({**head, "choices": [], "prompt_token_ids": self.prompt_ids}))
+        if self.echoed:
+            for index in range(self.n):
+                for delta in self._deltas(index, self.echoed, False):
+                    events.append(sse({**head, "choices": [{"index": index, "delta": {"role": "assistant", **delta},
+                                                            "logprobs": None, "finish_reason": None}]}))
+        return events
 
     def _message(self, text: str) -> tuple[dict[str, Any], bool]:
         """The assistant message for a finished sample, and whether it is a tool call."""
@@ -131,16 +179,22 @@ class ChatRenderer(OpenAIRenderer):
         out = item.output
         final = out.finish_reason is not None
         lps = chat_logprobs(self.tokenizer, out.new_logprobs) if self.req.logprobs else None
+        # the step's log-probabilities and token ids ride on its first chunk
+        extras: dict[str, Any] = {"token_ids": out.new_token_ids} if self.req.return_token_ids else {}
         events = []
-        for delta in self._deltas(out.index, out.new_text, final):
+        deltas = self._deltas(out.index, out.new_text, final)
+        if not deltas and not final and (lps or extras):  # tokens with no text yet: still reported
+            deltas = [{"content": ""}]
+        for delta in deltas:
             chunk = {**head, "choices": [{"index": out.index, "delta": {"role": "assistant", **delta},
-                                          "logprobs": lps, "finish_reason": None}]}
-            lps = None  # the step's log-probabilities ride on its first chunk
+                                          "logprobs": lps, "finish_reason": None, **extras}]}
+            lps, extras = None, {}
             events.append(sse(self.usage.running(chunk, results)))
         if final:
             reason = "tool_calls" if out.index in self.called and out.finish_reason is not FinishReason.LENGTH \
                 else OPENAI_REASONS[out.finish_reason]
-            chunk = {**head, "choices": [{"index": out.index, "delta": {}, "logprobs": lps, "finish_reason": reason}]}
+            chunk = {**head, "choices": [{"index": out.index, "delta": {}, "logprobs": lps, "finish_reason": reason,
+                                          **extras}]}
             if self.full_text:
                 chunk["full_text"] = results[0].samples[out.index].text
             events.append(sse(self.usage.running(chunk, results)))

@@ -13,6 +13,7 @@ from mindie.engine.request import MAX_STOP_CHARS_TOTAL, EngineRequest, FinishRea
 from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, number, validate
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.guided import compile_guided, one_of
 from mindie.server.protocols.openai import (
     OpenAIFields,
     OpenAIRenderer,
@@ -20,6 +21,7 @@ from mindie.server.protocols.openai import (
     check_model,
     completion_logprobs,
     usage,
+    vllm_prompt_logprobs,
 )
 from mindie.server.protocols.params import StopList, TokenId
 from mindie.server.results import Result, StreamItem
@@ -71,11 +73,13 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     params = req.sampling_params(ctx, logprobs=req.logprobs, max_tokens=max_tokens, stream=req.stream)
     if scoring:
         params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
+    params = req.with_prompt_logprobs(params)
     prompts = _prompts(ctx, req.prompt)
     if len(prompts) * params.num_samples > ctx.max_n:
         raise APIError(422, f"prompts x best_of must be at most {ctx.max_n}, got {len(prompts)} x "
                             f"{params.num_samples}", "prompt")
-    requests = [EngineRequest(UNNAMED, ids, params, prompt_text=text) for text, ids in prompts]
+    grammar = await compile_guided(ctx, one_of(req.guided()), params.max_tokens)
+    requests = [EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar) for text, ids in prompts]
     echoed = [(text if text is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for text, ids in prompts]
     renderer = CompletionRenderer(req, params, ctx.tokenizer, [ids for _, ids in prompts], echoed, scoring)
     return Call(requests, stream=req.stream), renderer
@@ -97,6 +101,7 @@ class CompletionRenderer(OpenAIRenderer):
         self.drop_output = req.max_tokens == 0  # echo alone
         self.usage = StreamUsage(req.stream_options, sum(map(len, prompt_ids)))
         self.offsets: dict[tuple[int, int], int] = {}  # (prompt, sample) -> characters streamed so far
+        self.started: set[tuple[int, int]] = set()  # (prompt, sample) with an output chunk sent
 
     def _head(self, results: list[Result]) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": "text_completion", "created": self.created,
@@ -115,19 +120,34 @@ class CompletionRenderer(OpenAIRenderer):
                                 "logprobs": completion_logprobs(self.tokenizer, lps, 0 if self.scoring
                                                                 else len(prefix), ids)
                                 if self.req.logprobs is not None else None,
-                                "stop_reason": None, "finish_reason": OPENAI_REASONS[s.finish_reason]})
+                                "stop_reason": None, "finish_reason": OPENAI_REASONS[s.finish_reason],
+                                **self._extras(k, result, [] if self.drop_output else s.token_ids)})
         out = usage(results, self.usage.prompt_tokens)
         if self.drop_output:
             out.update(completion_tokens=0, total_tokens=self.usage.prompt_tokens, batch_size=[], queue_wait_time=[])
         return {**self._head(results), "choices": choices, "usage": out}
 
+    def _extras(self, k: int, result: Result | None, token_ids: list[int]) -> dict[str, Any]:
+        """vLLM's per-choice prompt_token_ids / token_ids and prompt_logprobs, when asked for
+        (a stream's prompt fields ride on a choice's first chunk: `result` given)."""
+        out: dict[str, Any] = {}
+        if self.req.return_token_ids:
+            out["token_ids"] = token_ids
+            if result is not None:
+                out["prompt_token_ids"] = self.prompt_ids[k]
+        if self.req.prompt_logprobs is not None and result is not None:
+            out["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, self.prompt_ids[k], result.prompt_logprobs)
+        return out
+
     def _choice(self, k: int, index: int, text: str, lps: list[TokenLogprob] | None, offset: int,
-                reason: FinishReason | None) -> dict[str, Any]:
+                reason: FinishReason | None, token_ids: list[int] | None = None,
+                result: Result | None = None) -> dict[str, Any]:
         """One choice of a stream chunk; `lps` None: none to report (the echoed prompt)."""
         return {"index": k * self.n + index, "text": text,
                 "logprobs": completion_logprobs(self.tokenizer, lps, offset)
                 if self.req.logprobs is not None and lps is not None else None,
-                "stop_reason": None, "finish_reason": OPENAI_REASONS[reason] if reason else None}
+                "stop_reason": None, "finish_reason": OPENAI_REASONS[reason] if reason else None,
+                **self._extras(k, result, token_ids or [])}
 
     def begin(self, results: list[Result]) -> list[bytes]:
         if self.beam or not self.req.echo:
@@ -141,12 +161,16 @@ class CompletionRenderer(OpenAIRenderer):
 
     def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
         out = item.output
-        if self.beam or (not out.new_text and out.finish_reason is None):
+        silent = not out.new_text and out.finish_reason is None and not (self.req.return_token_ids and out.new_token_ids)
+        if self.beam or silent:
             return []
+        first = (k, out.index) not in self.started
+        self.started.add((k, out.index))
         offset = self.offsets.get((k, out.index), 0)
         self.offsets[(k, out.index)] = offset + len(out.new_text)
         chunk: dict[str, Any] = {**self._head(results), "choices": [
-            self._choice(k, out.index, out.new_text, out.new_logprobs, offset, out.finish_reason)]}
+            self._choice(k, out.index, out.new_text, out.new_logprobs, offset, out.finish_reason, out.new_token_ids,
+                         results[k] if first else None)]}
         return [sse(self.usage.running(chunk, results))]
 
     def end(self, results: list[Result]) -> list[bytes]:

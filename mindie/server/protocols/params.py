@@ -118,8 +118,8 @@ class SamplingFields(Body):
     top_k: number(0, INT32_MAX, lo_open=True, integer=True, also=(-1,)) = -1  # type: ignore[valid-type]
     seed: Seed | None = None
     stop: StopString | StopList | None = None
-    # ids outside [0, vocab) are ignored, as MindIE
     stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias in [-100, 100]
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
@@ -148,7 +148,11 @@ class SamplingFields(Body):
         # temperature 0 is greedy: the argmax of the raw logits, no other post-processing
         greedy = self.temperature == 0 and not self.use_beam_search
         vocab = ctx.model_config.vocab_size
-        stop_ids = tuple(dict.fromkeys(t for t in (self.stop_token_ids or ()) if 0 <= t < vocab))
+        for t in self.stop_token_ids or ():
+            if not 0 <= t < vocab:
+                raise APIError(422, f"stop_token_ids: token id {t} is outside the vocabulary [0, {vocab})",
+                               "stop_token_ids")
+        stop_ids = tuple(dict.fromkeys(self.stop_token_ids or ()))
         extra: dict[str, Any] = {}
         if self.use_beam_search:
             extra = {"use_beam_search": True, "length_penalty": self.length_penalty,
@@ -165,6 +169,7 @@ class SamplingFields(Body):
                 seed=self.seed,
                 stop=stop_tuple(self.stop),
                 stop_token_ids=stop_ids,
+                logit_bias=self._logit_bias(vocab),
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 ignore_eos=self.ignore_eos,
                 skip_special_tokens=self.skip_special_tokens,
@@ -175,3 +180,16 @@ class SamplingFields(Body):
             )
         except (ValueError, TypeError) as exc:
             raise APIError(422, str(exc)) from None
+
+    def _logit_bias(self, vocab: int) -> tuple[tuple[int, float], ...]:
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            token = int(key) if key.lstrip("-").isdigit() else None
+            if token is None or not 0 <= token < vocab:
+                raise APIError(422, f"logit_bias: key {key!r} is not a token id in the vocabulary [0, {vocab})",
+                               "logit_bias")
+            if not -100 <= bias <= 100:
+                raise APIError(422, f"logit_bias: the bias of token {token} must be in [-100, 100], got {bias}",
+                               "logit_bias")
+            out.append((token, float(bias)))
+        return tuple(out)

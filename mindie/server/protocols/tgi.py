@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
-from mindie.engine.request import EngineRequest
+from mindie.engine.request import EngineRequest, SamplingParams, TokenLogprob
 from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.guided import Constraint, compile_guided, schema_value
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -30,6 +32,24 @@ if TYPE_CHECKING:
     from mindie.tokenizer import Tokenizer
 
 
+class TGIGrammar(Body):
+    """TGI's `parameters.grammar`: a JSON schema (as an object or its text) or a regex."""
+
+    type: Literal["json", "json_schema", "regex"]
+    value: Any
+
+    def constraint(self) -> Constraint:
+        param = "parameters.grammar.value"
+        if self.type == "regex":
+            if not isinstance(self.value, str):
+                raise APIError(422, f"{param} must be a regular expression string for type 'regex'", param)
+            return Constraint(param, "regex", self.value)
+        value = self.value
+        if self.type == "json_schema" and isinstance(value, dict) and isinstance(value.get("schema"), dict):
+            value = value["schema"]  # {"name": ..., "schema": ...}, as OpenAI's json_schema
+        return Constraint(param, "json", schema_value(value, param))
+
+
 class TGIParameters(Body):
     decoder_input_details: bool = False
     details: bool = False
@@ -48,6 +68,9 @@ class TGIParameters(Body):
     adapter_id: str | None = None
     priority: Priority = 5
     timeout: Timeout = 600
+    best_of: number(1, 128, integer=True) | None = None  # type: ignore[valid-type]
+    top_n_tokens: number(0, 20, integer=True) | None = None  # type: ignore[valid-type]
+    grammar: TGIGrammar | None = None
 
 
 class TGIRequest(Body):
@@ -57,19 +80,33 @@ class TGIRequest(Body):
 
 
 async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
-    return _parse(ctx, validate(TGIRequest, body), stream=False, wrap_in_list=False)
+    return await _parse(ctx, validate(TGIRequest, body), stream=False, wrap_in_list=False)
 
 
 async def parse_generate_stream(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
-    return _parse(ctx, validate(TGIRequest, body), stream=True, wrap_in_list=False)
+    return await _parse(ctx, validate(TGIRequest, body), stream=True, wrap_in_list=False)
 
 
 async def parse_root(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
     req = validate(TGIRequest, body)
-    return _parse(ctx, req, stream=req.stream, wrap_in_list=not req.stream)
+    return await _parse(ctx, req, stream=req.stream, wrap_in_list=not req.stream)
 
 
-def _parse(ctx: Serving, req: TGIRequest, stream: bool, wrap_in_list: bool) -> tuple[Call, Renderer]:
+def _tgi_sampling(p: TGIParameters, stream: bool) -> SamplingParams:
+    """MindIE's parameters plus TGI's own best_of (sampled candidates, the likeliest returned)
+    and top_n_tokens (the most likely tokens at each step)."""
+    params = sampling_params(p, p.max_new_tokens)
+    if p.best_of is not None and p.best_of > 1:
+        if not params.do_sample:
+            raise APIError(422, "parameters.best_of > 1 needs sampling: set do_sample or a sampling parameter "
+                                "(temperature, top_k, top_p)", "parameters.best_of")
+        if stream:
+            raise APIError(422, "parameters.best_of > 1 is not supported when streaming", "parameters.best_of")
+        params = replace(params, best_of=p.best_of)
+    return replace(params, logprobs=p.top_n_tokens) if p.top_n_tokens else params
+
+
+async def _parse(ctx: Serving, req: TGIRequest, stream: bool, wrap_in_list: bool) -> tuple[Call, Renderer]:
     p = req.parameters
     if stream and p.decoder_input_details:
         raise APIError(422, "parameters.decoder_input_details must not be true when stream is true",
@@ -83,8 +120,9 @@ def _parse(ctx: Serving, req: TGIRequest, stream: bool, wrap_in_list: bool) -> t
     if p.truncate is not None and len(ids) > p.truncate:
         ids = ids[-p.truncate:]
     ids = ctx.fit_prompt(ids, "inputs")
-    request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
-                            prompt_text=text)
+    params = _tgi_sampling(p, stream)
+    grammar = await compile_guided(ctx, p.grammar.constraint() if p.grammar else None, params.max_tokens)
+    request = EngineRequest(UNNAMED, ids, params, priority=p.priority, prompt_text=text, grammar=grammar)
     renderer = TGIRenderer(ctx.tokenizer, p, ids, text if p.return_full_text else "", ctx.settings.full_text,
                            wrap_in_list)
     return Call([request], stream=stream, timeout_s=p.timeout), renderer
@@ -102,10 +140,15 @@ class TGIRenderer(Renderer):
 
     def whole(self, results: list[Result]) -> Any:
         result = results[0]
-        s = result.samples[0]
+        s, *others = sorted(result.samples, key=lambda x: x.cumulative_logprob, reverse=True)
         body: dict[str, Any] = {"generated_text": self.prefix + s.text}
         if self.p.details or self.p.decoder_input_details:
-            body = {"details": self._details(result, s, self.p.decoder_input_details), **body}
+            details = self._details(result, s, self.p.decoder_input_details)
+            if others:
+                details["best_of_sequences"] = [
+                    {"generated_text": self.prefix + o.text, **self._details(result, o, self.p.decoder_input_details)}
+                    for o in others]
+            body = {"details": details, **body}
         return [body] if self.wrap_in_list else body
 
     def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
@@ -117,6 +160,8 @@ class TGIRenderer(Renderer):
             last = out.finish_reason is not None and i == len(out.new_logprobs) - 1
             token["text"] = result.stream_text(out, self.full_text) if i == 0 else ""
             event: dict[str, Any] = {"token": token, "generated_text": None, "details": None}
+            if self.p.top_n_tokens:
+                event["top_tokens"] = self._top(lp)
             if last:
                 event["generated_text"] = self.prefix + s.text
                 if self.p.details:
@@ -130,8 +175,11 @@ class TGIRenderer(Renderer):
         return {"id": token_id, "text": self.tokenizer.decode([token_id], skip_special_tokens=False),
                 "logprob": logprob, "special": token_id in self.tokenizer.special_ids}
 
+    def _top(self, lp: TokenLogprob) -> list[dict[str, Any]]:
+        return [self._token(t, v) for t, v in lp.top[: self.p.top_n_tokens]]
+
     def _details(self, result: Result, s: SampleResult, prefill: bool) -> dict[str, Any]:
-        return {
+        details = {
             "prompt_tokens": len(self.prompt_ids),
             "finish_reason": MINDIE_REASONS[s.finish_reason],
             "generated_tokens": len(s.token_ids),
@@ -139,3 +187,6 @@ class TGIRenderer(Renderer):
             "seed": result.seed,
             "tokens": [self._token(lp.token_id, lp.logprob) for lp in s.logprobs],
         }
+        if self.p.top_n_tokens:
+            details["top_tokens"] = [self._top(lp) for lp in s.logprobs]
+        return details

@@ -123,10 +123,11 @@ def constraint(compiler: GrammarCompiler, tools: dict[str, dict[str, Any] | None
             return compiler.text_or_tool_call(tools)
         if response_format is None or response_format.type == "text":
             return None
+        # llama.cpp's and huggingface_hub's schema beside the type, where OpenAI has none
+        inline = response_format.schema_ if response_format.schema_ is not None else response_format.value
         if response_format.type == "json_object":
-            return compiler.json_object()
-        spec = response_format.json_schema or {}
-        schema = spec.get("schema")
+            return compiler.json_object() if inline is None else compiler.json_schema(inline)
+        schema = (response_format.json_schema or {}).get("schema") if inline is None else inline
         if not isinstance(schema, dict):
             raise APIError(422, "response_format.json_schema.schema must be a JSON schema object",
                            "response_format.json_schema.schema")

@@ -14,6 +14,7 @@ from mindie.engine.request import EngineRequest
 from mindie.server.errors import APIError
 from mindie.server.fields import Body, validate
 from mindie.server.protocols.base import UNNAMED, Call, Renderer, dumps
+from mindie.server.protocols.guided import GuidedFields, compile_guided, one_of
 from mindie.server.protocols.messages import render_chat
 from mindie.server.protocols.params import ContentPart, SamplingFields, TokenId, join_parts
 from mindie.server.responses import json_response
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from mindie.server.serving import Serving
 
 
-class VLLMRequest(SamplingFields):
+class VLLMRequest(SamplingFields, GuidedFields):
     prompt: str | list[ContentPart]
     stream: bool = False
     model: str | None = None  # a LoRA id in MindIE; none are loaded here
@@ -36,7 +37,8 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     text = join_parts(req.prompt, "prompt")
     ids = ctx.encode(text, "prompt")
     params = req.sampling_params(ctx, stream=req.stream)
-    request = EngineRequest(UNNAMED, ids, params, prompt_text=text)
+    grammar = await compile_guided(ctx, one_of(req.guided()), params.max_tokens)
+    request = EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar)
     return Call([request], stream=req.stream), VLLMRenderer(text, params.n, ctx.settings.full_text)
 
 
