@@ -25,7 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, help="metrics-plane port (default 1027)")
     serve.add_argument("--api-key", default=os.environ.get("MINDIE_API_KEY"),
                        help="require 'Authorization: Bearer KEY' on every business route (or env MINDIE_API_KEY)")
-    serve.add_argument("--model-name", help="the name clients use in `model` and in /v2/models/{name}")
+    serve.add_argument("--served-model-name", "--model-name", dest="model_name",
+                       help="the name clients use in `model` and in /v2/models/{name} (default: ModelConfig.modelName "
+                       "of --config, else the model's own: a GGUF file's general.name or file name, a Hugging Face "
+                       "directory's name)")
     serve.add_argument("--dtype", choices=["auto", "bfloat16", "float32"],
                        help="activation / KV-cache dtype (default auto: bfloat16 only on CPUs with AVX512-BF16)")
     serve.add_argument("--quantization", choices=["auto", "none", "q8_0", "q4_0"],
@@ -73,7 +76,10 @@ def main(argv: list[str] | None = None) -> None:
               file=sys.stderr)
     from mindie.server.launcher import run
 
-    run(settings)
+    try:
+        run(settings)
+    except ConfigError as exc:  # a limit that does not fit the model, known once it is loaded
+        sys.exit(f"mindie: configuration error: {exc}")
 
 
 def _coordinator(path: str) -> None:

@@ -4,11 +4,15 @@
 `maxPrefillTokens`, ...). An unknown key or an out-of-range value raises ValueError naming the
 key and its allowed range. Unlike MindIE, maxPrefillTokens may be smaller than maxInputTokenLen:
 long prompts are prefilled in chunks (SplitFuse is always on).
+
+The token limits (maxSeqLen, maxInputTokenLen, maxIterTimes) may be left unset: the engine then
+fits them to the model it runs and to its KV cache (`EngineConfig.limits`), where MindIE has
+fixed defaults (2560, 2048, 512) that would cut a long-context model's prompts short.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mindie.engine.scheduler import SchedulerConfig
@@ -28,13 +32,43 @@ _KEYS: dict[str, tuple[str, float, float]] = {
     "enablePrefixCache": ("enable_prefix_caching", 0, 1),
 }
 
+DEFAULT_MAX_ITER_TIMES = 512  # MindIE's default maxIterTimes
+
+
+@dataclass(frozen=True)
+class TokenLimits:
+    """The token limits an engine runs with, every one set, and where maxSeqLen came from."""
+
+    max_seq_len: int  # prompt + output of one sequence
+    max_input_token_len: int
+    max_iter_times: int  # output tokens of one request
+    model_context: int  # the model's context length (max_position_embeddings / <arch>.context_length)
+    kv_tokens: int  # what the KV cache holds: blocks x block size
+    configured: bool  # maxSeqLen was set rather than fitted
+
+    @property
+    def max_input_len(self) -> int:
+        """Longest accepted prompt: min(maxInputTokenLen, maxSeqLen - 1)."""
+        return min(self.max_input_token_len, self.max_seq_len - 1)
+
+    def describe(self) -> str:
+        """One start-up line: the limits, and why maxSeqLen is what it is."""
+        if self.configured:
+            why = f"configured; the model's context length is {self.model_context}"
+        elif self.max_seq_len < self.model_context:
+            why = f"what the KV cache holds; the model's context length is {self.model_context}"
+        else:
+            why = "the model's context length"
+        return (f"maxSeqLen {self.max_seq_len} ({why}; the KV cache holds {self.kv_tokens} tokens), "
+                f"maxInputTokenLen {self.max_input_token_len}, maxIterTimes {self.max_iter_times}")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 128
-    max_seq_len: int = 2560
-    max_input_token_len: int = 2048
-    max_iter_times: int = 512
+    max_seq_len: int | None = None  # None: fitted to the model and the KV cache, see limits()
+    max_input_token_len: int | None = None  # None: maxSeqLen - 1
+    max_iter_times: int | None = None  # None: 512, at most maxSeqLen
     max_prefill_tokens: int = 8192
     max_prefill_batch_size: int = 50
     max_batch_size: int = 200
@@ -54,7 +88,7 @@ class EngineConfig:
                 raise ValueError(f"{key} must be a number in [{lo}, {hi}], got {value!r}")
             if not lo <= value <= hi:
                 raise ValueError(f"{key} must be in [{lo}, {hi}], got {value!r}")
-        if self.max_iter_times > self.max_seq_len:
+        if self.max_seq_len is not None and self.max_iter_times is not None and self.max_iter_times > self.max_seq_len:
             raise ValueError(f"maxIterTimes must be in [1, maxSeqLen={self.max_seq_len}], got {self.max_iter_times}")
 
     @classmethod
@@ -65,10 +99,31 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{_KEYS[k][0]: v for k, v in keys.items() if _KEYS[k][0] in known})
 
-    @property
-    def max_input_len(self) -> int:
-        """Longest accepted prompt: min(maxInputTokenLen, maxSeqLen - 1)."""
-        return min(self.max_input_token_len, self.max_seq_len - 1)
+    def limits(self, model_context: int, kv_tokens: int) -> TokenLimits:
+        """The token limits for a model of `model_context` positions over a KV cache that holds
+        `kv_tokens`. An unset maxSeqLen is the model's context length, or what the cache holds if
+        that is less (a sequence longer than the cache could never run); an unset
+        maxInputTokenLen is maxSeqLen - 1; an unset maxIterTimes is 512, at most maxSeqLen. A set
+        maxSeqLen wins (requests stay bounded by the model's context length all the same).
+        ValueError if a set maxIterTimes exceeds a fitted maxSeqLen."""
+        seq_len = self.max_seq_len or min(model_context, kv_tokens)
+        if self.max_iter_times is not None and self.max_iter_times > seq_len:
+            raise ValueError(f"maxIterTimes must be in [1, maxSeqLen={seq_len}] (maxSeqLen is unset: the model's "
+                             f"context length {model_context}, at most the {kv_tokens} tokens the KV cache holds), "
+                             f"got {self.max_iter_times}")
+        return TokenLimits(
+            max_seq_len=seq_len,
+            max_input_token_len=self.max_input_token_len or seq_len - 1,
+            max_iter_times=self.max_iter_times or min(DEFAULT_MAX_ITER_TIMES, seq_len),
+            model_context=model_context,
+            kv_tokens=kv_tokens,
+            configured=self.max_seq_len is not None,
+        )
+
+    def with_limits(self, limits: TokenLimits) -> EngineConfig:
+        """This config with every token limit set, as `limits` has them (what the server reports)."""
+        return replace(self, max_seq_len=limits.max_seq_len, max_input_token_len=limits.max_input_token_len,
+                       max_iter_times=limits.max_iter_times)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

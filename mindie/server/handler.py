@@ -25,9 +25,11 @@ def generation(parse: Parse) -> Callable[[Serving, Request, bytes], Awaitable[Re
         if ctx.pd is not None:  # inferMode dmi: the prefill node's flow, same parse and renderer
             return await prefill(ctx, request, body, parse)
         call, renderer = await parse(ctx, body, request.path_params)
-        streams = await ctx.start(call)
+        # Both watch the client from the moment its requests are queued: one that gives up while
+        # they wait for the engine aborts them before any step runs them.
         if not call.stream:
-            return json_response(renderer.whole(await ctx.collect(request, streams)))
+            return json_response(renderer.whole(await ctx.collect(request, call)))
+        streams = await ctx.start_while_connected(request, call)
         return StreamingResponse(_events(streams, renderer), media_type=renderer.media_type,
                                  headers={"Cache-Control": "no-cache"})
 

@@ -12,6 +12,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import uvicorn
@@ -20,7 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
 from mindie.server.app import build_apps
-from mindie.server.config import ServerSettings
+from mindie.server.config import ConfigError, ServerSettings
 from mindie.server.dmi import PDNode
 from mindie.server.metrics import ServerMetrics
 from mindie.server.serving import Serving
@@ -45,10 +46,17 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     loaded = load_model(settings.model_path, settings.dtype, settings.quantization)
     print(f"model {loaded.source}: {describe(loaded)}", file=sys.stderr)
     steps.update(1)
-    engine = LLMEngine(loaded, settings.engine)
+    try:
+        engine = LLMEngine(loaded, settings.engine)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     steps.update(1)
     steps.close()
-    serving = Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(settings.model_name))
+    print(f"context: {engine.limits.describe()}", file=sys.stderr)
+    name = settings.model_name or loaded.name
+    # From here on the settings say what runs: the served name, and every token limit set.
+    settings = replace(settings, model_name=name, engine=engine.config)
+    serving = Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(name))
     if settings.dmi:
         serving.pd = PDNode(settings, serving.engine)
     return serving

@@ -4,6 +4,7 @@ running a parsed `Call`: its engine requests started as `OutputStream`s, or fold
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import time
@@ -35,6 +36,7 @@ class Serving:
         self.engine = engine
         self.tokenizer: Tokenizer = engine.engine.tokenizer
         self.model_config = engine.engine.loaded.config
+        self.limits = engine.engine.limits
         self.metrics = metrics
         self.created = int(time.time())
         self._ids = itertools.count()
@@ -50,7 +52,7 @@ class Serving:
     @property
     def max_input_tokens(self) -> int:
         """min(maxInputTokenLen, maxSeqLen - 1, the model's max_position_embeddings, 1M)."""
-        return min(self.settings.engine.max_input_len, self.model_config.max_position, MAX_INPUT_TOKENS)
+        return min(self.limits.max_input_len, self.model_config.max_position, MAX_INPUT_TOKENS)
 
     def encode(self, text: str, field_name: str, add_special_tokens: bool = True) -> list[int]:
         if not text:
@@ -81,7 +83,7 @@ class Serving:
             return ids[:limit]
         if self.settings.truncation == 1:
             return ids[-limit:]
-        e = self.settings.engine
+        e = self.limits
         raise APIError(422, f"{field_name} has {len(ids)} tokens; the limit is min(maxInputTokenLen="
                             f"{e.max_input_token_len}, maxSeqLen-1={e.max_seq_len - 1}, max_position_embeddings="
                             f"{self.model_config.max_position}, {MAX_INPUT_TOKENS}) = {limit}", field_name)
@@ -140,14 +142,19 @@ class Serving:
         try:
             outputs = await self.engine.add_request(named)
         except ValueError as exc:
-            self.forget(request_id)
-            self.metrics.failed()
+            self._not_started(request_id)
             raise APIError(422, str(exc)) from None
         except RuntimeError as exc:
-            self.forget(request_id)
-            self.metrics.failed()
+            self._not_started(request_id)
             raise APIError(503, f"the engine is not running: {exc}") from None
+        except asyncio.CancelledError:  # the client went away first; add_request aborted the request
+            self._not_started(request_id)
+            raise
         return OutputStream(self, named, call, outputs)
+
+    def _not_started(self, request_id: str) -> None:
+        self.forget(request_id)
+        self.metrics.failed()
 
     def forget(self, request_id: str) -> None:
         """The request has ended (or never started): its ids are free again."""
@@ -167,13 +174,23 @@ class Serving:
         self.engine.abort(request_id)
         return True
 
-    async def collect(self, request: Request, streams: list[OutputStream]) -> list[Result]:
-        """Folds whole requests, aborting them if the client goes away first."""
-        results = [Result.empty(s.request_id, s.request.params) for s in streams]
+    async def start_while_connected(self, request: Request, call: Call) -> list[OutputStream]:
+        """`start`, unless the client goes away before the engine has taken every request: then
+        they are aborted at once, with no step run for them, and ClientGone raised."""
+        return await until_disconnect(request, self.start(call))
 
-        async def fold() -> list[Result]:
+    async def collect(self, request: Request, call: Call) -> list[Result]:
+        """Starts the call's requests and folds them whole; a client that goes away at any point,
+        while its requests wait for the engine too, aborts them at once (ClientGone)."""
+        return await until_disconnect(request, self._fold(call))
+
+    async def _fold(self, call: Call) -> list[Result]:
+        streams = await self.start(call)
+        results = [Result.empty(s.request_id, s.request.params) for s in streams]
+        try:
             async for k, item in merge(streams):
                 results[k].add(item)
-            return results
-
-        return await until_disconnect(request, fold(), streams)
+        finally:  # cancelled (the client went away) or failed: the unfinished ones are aborted
+            for s in streams:
+                await s.aclose()
+        return results

@@ -152,20 +152,19 @@ async def merge(streams: list[OutputStream]) -> AsyncIterator[tuple[int, StreamI
             await s.aclose()
 
 
-async def until_disconnect(request: Request, work: Awaitable[T], streams: list[OutputStream]) -> T:
-    """Awaits `work`, unless the client disconnects first: then the work is cancelled, the
-    streams closed (their engine requests aborted) and ClientGone raised."""
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Awaits `work`, unless the client disconnects first: then the work is cancelled and
+    ClientGone raised. Cancelled, the work aborts the engine requests it started or was still
+    waiting for the engine to take (`Serving.start`, `AsyncEngine.add_request`)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        watcher.cancel()
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            for s in streams:
-                await s.aclose()
-        watcher.cancel()
     if task.cancelled():
         raise ClientGone()
     return task.result()

@@ -37,7 +37,8 @@ def _with(**server):
     (_with(httpsEnabled=True, tlsCert="a.pem", tlsPk="a.key", tlsCaFile=[], tlsCrlFiles=["crl.pem"]),
      ["tlsCrlFiles", "tlsCaFile"]),
     ({"BackendConfig": {"ScheduleConfig": {"cacheBlockSize": 256}}}, ["ScheduleConfig.cacheBlockSize", "[1, 128]"]),
-    ({"BackendConfig": {"ScheduleConfig": {"maxIterTimes": 5000}}}, ["maxIterTimes", "maxSeqLen"]),
+    ({"BackendConfig": {"ScheduleConfig": {"maxIterTimes": 5000}, "ModelDeployConfig": {"maxSeqLen": 2560}}},
+     ["maxIterTimes", "maxSeqLen=2560"]),
     ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"modelName": "-bad"}]}}}, ["modelName"]),
     ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{}, {}]}}}, ["exactly 1 model"]),
 ])
