@@ -212,12 +212,21 @@ class GrammarCompiler:
             raise GrammarError(f"the schema is not JSON: {e}") from None
         return self._cached(key, lambda: self._compile(key))
 
-    def text_or_tool_call(self, tools: Mapping[str, Mapping[str, Any] | None]) -> Grammar:
+    def text_or_tool_call(self, tools: Mapping[str, Mapping[str, Any] | None],
+                          answer: Mapping[str, Any] | None = None) -> Grammar:
         """tool_choice "auto" with strict tools: either plain text that does not start the way a
         call does (with "{", "<" or whitespace), or one call to one of ``tools`` that follows its
-        schema."""
+        schema. With an ``answer`` schema (a response format beside the tools) the answer is JSON
+        under it instead of plain text."""
         schema = {**bound_schema(tool_call_schema(tools)), "x-guidance": _JSON_OPTIONS}
-        lark = "start: TEXT | call\nTEXT: /[^{<\\s][\\s\\S]*/\ncall: %json " + json.dumps(schema, ensure_ascii=False)
+        if answer is None:
+            text = "TEXT\nTEXT: /[^{<\\s][\\s\\S]*/"
+        else:
+            if not isinstance(answer, Mapping):
+                raise GrammarError(f"a JSON schema must be an object, got {type(answer).__name__}")
+            text = "answer\nanswer: %json " + json.dumps({**bound_schema(answer), "x-guidance": _JSON_OPTIONS},
+                                                          ensure_ascii=False)
+        lark = "start: call | " + text + "\ncall: %json " + json.dumps(schema, ensure_ascii=False)
         def build() -> Grammar:
             try:
                 return self._finish(llguidance.LLMatcher.grammar_from_lark(lark))

@@ -215,3 +215,28 @@ def test_tool_without_required_is_accepted(smol_server):
                               "tool_choice": "required", "temperature": 0, "max_tokens": 30})
     (call,) = body["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "now" and isinstance(json.loads(call["function"]["arguments"]), dict)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_response_format_beside_tools_gives_an_answer_or_a_call(smol_server, strict):
+    """openai-agents sends an agent's output type and its tools together: the output is an answer
+    in the format or a valid call, never free text, and a call stays possible."""
+    answer = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "warm": {"type": "boolean"}},
+              "required": ["city", "warm"], "additionalProperties": False}
+    tools = [{**WEATHER, "function": {**WEATHER["function"], "strict": strict}}]
+
+    def one(seed):
+        return chat(smol_server, {"messages": [{"role": "user", "content": QUESTIONS[seed % 4]}], "tools": tools,
+                                  "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema":
+                                                                                             answer}},
+                                  "temperature": 1.0, "seed": seed, "max_tokens": 120})
+
+    with ThreadPoolExecutor(4) as pool:
+        bodies = list(pool.map(one, range(8)))
+    for body in bodies:
+        message = body["choices"][0]["message"]
+        if "tool_calls" in message:
+            (call,) = message["tool_calls"]
+            jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS["get_weather"])
+        else:
+            jsonschema.validate(json.loads(message["content"]), answer)

@@ -420,3 +420,26 @@ def test_relocated_refs_keep_literals_and_property_names():
     assert relocate_refs({"$ref": "#"}, "/items") == {"$ref": "#/items"}
     assert relocate_refs({"$ref": "https://example.com/s.json"}, "/x") == {"$ref": "https://example.com/s.json"}
     assert PERSON_TOOL["properties"]["people"]["items"] == {"$ref": "#/$defs/Person"}  # the input is untouched
+
+
+def test_answer_or_tool_call_takes_a_formatted_answer_or_a_valid_call(compiler, tok):
+    tools = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    answer = {"type": "object", "properties": {"summary": {"type": "string"}}, "required": ["summary"]}
+    grammar = compiler.text_or_tool_call(tools, answer)
+
+    def follows(text: str) -> bool:
+        m = grammar.matcher()
+        return all(m.advance(t) for t in tok.encode(text, add_special_tokens=False)) and m.accepts_eos()
+
+    assert follows('{"summary": "Sunny"}')
+    assert follows('{"name": "get_weather", "arguments": {"city": "Paris"}}')
+    assert not follows("It is sunny today.")
+    assert not follows('{"summary": 3}')
+    assert not follows('{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    for seed in range(3):
+        text = walk(compiler, tok, grammar, seed)
+        parsed = parse_tool_calls(text, tool_names=tools)
+        if parsed.tool_calls:
+            jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), tools["get_weather"])
+        else:
+            jsonschema.validate(json.loads(text), answer)
