@@ -521,7 +521,7 @@ class OutputItems:
                        "content_index": 0, "part": copy.deepcopy(part)}]
         else:
             events = [{"type": "response.function_call_arguments.done", "item_id": item["id"],
-                       "output_index": index, "arguments": item["arguments"]}]
+                       "output_index": index, "name": item["name"], "arguments": item["arguments"]}]
         return events + [{"type": "response.output_item.done", "output_index": index, "item": copy.deepcopy(item)}]
 
 
