@@ -221,7 +221,8 @@ def test_tool_without_required_is_accepted(smol_server):
 def test_response_format_beside_tools_gives_an_answer_or_a_call(smol_server, strict):
     """openai-agents sends an agent's output type and its tools together: the output is an answer
     in the format or a valid call, never free text, and a call stays possible."""
-    answer = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "warm": {"type": "boolean"}},
+    answer = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "warm": {"type": "boolean"}},
               "required": ["city", "warm"], "additionalProperties": False}
     tools = [{**WEATHER, "function": {**WEATHER["function"], "strict": strict}}]
 

@@ -161,7 +161,8 @@ class CompletionRenderer(OpenAIRenderer):
 
     def event(self, k: int, item: StreamItem, results: list[Result]) -> list[bytes]:
         out = item.output
-        silent = not out.new_text and out.finish_reason is None and not (self.req.return_token_ids and out.new_token_ids)
+        reports_ids = self.req.return_token_ids and out.new_token_ids
+        silent = not out.new_text and out.finish_reason is None and not reports_ids
         if self.beam or silent:
             return []
         first = (k, out.index) not in self.started
