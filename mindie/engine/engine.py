@@ -389,7 +389,7 @@ class LLMEngine:
         return outputs
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, step: StepInfo) -> list[RequestOutput]:
-        sampled = sample(logits, seqs)
+        sampled = sample(logits, seqs, self.eos_token_ids)
         tokens = sampled.token_ids.tolist()
         logprobs = sampled.logprobs.tolist()
         top_ids, top_lps = sampled.top_ids.tolist(), sampled.top_logprobs.tolist()

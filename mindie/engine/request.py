@@ -65,6 +65,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    min_tokens: int = 0  # EOS and stop_token_ids cannot be sampled before this many tokens (vLLM's)
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top-N log-probabilities per token, 0..20; None: none
     # Log-probabilities of the prompt's tokens (each given the tokens before it) with top-N, 0..20;
@@ -110,6 +111,9 @@ class SamplingParams:
                    for t, b in self.logit_bias) and len({t for t, _ in self.logit_bias}) == len(self.logit_bias),
                "logit_bias", "distinct non-negative token ids, each with a bias in [-100, 100]",
                self.logit_bias if len(self.logit_bias) <= 8 else f"{len(self.logit_bias)} entries")
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens and (
+            self.max_tokens is None or self.min_tokens <= self.max_tokens), "min_tokens",
+            f"in [0, max_tokens={self.max_tokens}]", self.min_tokens)
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"in [1, {MAX_N}]", self.n)
         _check(self.best_of is None or (isinstance(self.best_of, int) and self.n <= self.best_of <= MAX_N),
                "best_of", f"in [n={self.n}, {MAX_N}]", self.best_of)
@@ -126,6 +130,7 @@ class SamplingParams:
             _check(self.prompt_logprobs is None, "prompt_logprobs", "unset with use_beam_search", self.prompt_logprobs)
             _check(not self.stop, "stop", "empty with use_beam_search", self.stop)
             _check(not self.logit_bias, "logit_bias", "empty with use_beam_search", self.logit_bias)
+            _check(self.min_tokens == 0, "min_tokens", "0 with use_beam_search", self.min_tokens)
 
     @property
     def num_samples(self) -> int:

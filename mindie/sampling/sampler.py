@@ -9,6 +9,8 @@ grammar's mask when the request has one (a disallowed token has log-probability 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from mindie import ops
@@ -49,8 +51,25 @@ def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                           accumulate=True)
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> ops.SampleOutput:
+def _apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Iterable[int]) -> None:
+    """Bans the tokens that would end a sample (EOS unless ignored, stop_token_ids) while it has
+    fewer than its min_tokens."""
+    vocab = logits.shape[-1]
+    entries = []
+    for r, s in enumerate(seqs):
+        p = s.request.params
+        if s.num_output_tokens < p.min_tokens:
+            ending = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            entries += [(r, t) for t in ending if t < vocab]
+    if entries:
+        rows, cols = zip(*entries)
+        with torch.inference_mode():  # the model's logits are inference tensors
+            logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Iterable[int] = ()) -> ops.SampleOutput:
     _apply_logit_bias(logits, seqs)
+    _apply_min_tokens(logits, seqs, eos_token_ids)
     _apply_grammars(logits, seqs)
     params = [s.request.params for s in seqs]
     temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)

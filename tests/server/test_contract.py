@@ -265,3 +265,28 @@ def test_continue_final_message_and_echo(tiny_server):
         cont["choices"][0]["message"]["content"]
     both = post(tiny_server, "/v1/chat/completions", {**body, "continue_final_message": True})
     assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+
+
+def test_min_tokens_holds_back_eos_and_stop_ids(tiny_server):
+    info = httpx.get(tiny_server.url + "/tokenizer_info").json()
+    eos = info["eos_token_id"]
+    base = {"model": "tiny", "prompt": "ab", "max_tokens": 10, "temperature": 0, "return_token_ids": True,
+            "logit_bias": {str(eos): 100}}
+    assert post(tiny_server, "/v1/completions", base).json()["choices"][0]["token_ids"] == [eos]
+    held = post(tiny_server, "/v1/completions", {**base, "min_tokens": 3}).json()["choices"][0]
+    assert len(held["token_ids"]) == 4 and held["token_ids"][3] == eos and eos not in held["token_ids"][:3]
+    assert held["finish_reason"] == "stop"
+    stop_id = post(tiny_server, "/v1/completions", {**base, "logit_bias": {"9": 100}, "stop_token_ids": [9],
+                                                    "min_tokens": 2}).json()["choices"][0]
+    assert 9 not in stop_id["token_ids"][:2] and stop_id["token_ids"][2] == 9
+    r = post(tiny_server, "/v1/completions", {**base, "min_tokens": 11})
+    assert r.status_code == 400 and "min_tokens" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field, value, neutral", [("min_p", 0.1, 0.0), ("typical_p", 0.5, 1.0),
+                                                   ("bad_words", ["x"], []), ("reasoning_effort", "high", None),
+                                                   ("modalities", ["text", "audio"], ["text"])])
+def test_fields_that_would_change_the_output_are_refused_not_dropped(tiny_server, field, value, neutral):
+    r = post(tiny_server, "/v1/chat/completions", {**CHAT, "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert post(tiny_server, "/v1/chat/completions", {**CHAT, "max_tokens": 2, field: neutral}).status_code == 200

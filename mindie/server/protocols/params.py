@@ -105,6 +105,13 @@ def sampling_params(p: Any, max_new_tokens: int) -> SamplingParams:
 
 # --- vLLM's flat sampling fields (vLLM /generate, OpenAI) ----------------------------------------
 
+# field -> the values that change nothing (accepted); any other value is refused
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "min_p": (0, 0.0), "typical_p": (1, 1.0), "mirostat": (0,), "bad_words": ([],), "allowed_token_ids": (),
+    "truncate_prompt_tokens": (), "reasoning_effort": (), "prediction": (), "web_search_options": (), "audio": (),
+    "modalities": (["text"],),
+}
+
 Samples = number(1, 128, integer=True)
 
 
@@ -123,14 +130,37 @@ class SamplingFields(Body):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     ignore_eos: bool = False
+    min_tokens: number(0, INT32_MAX, integer=True) = 0  # type: ignore[valid-type]
     n: Samples = 1
     best_of: Samples | None = None
     use_beam_search: bool = False
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
 
+    # What peers' clients send that changes the output and that this server does not do: refused
+    # unless neutral, never dropped (unknown fields in general are ignored, as MindIE does).
+    min_p: Any = None
+    typical_p: Any = None
+    mirostat: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    truncate_prompt_tokens: Any = None
+    reasoning_effort: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    audio: Any = None
+    modalities: Any = None
+
+    def _refuse_unsupported(self) -> None:
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(self, name)
+            if value is not None and value not in neutral:
+                raise APIError(422, f"{name} is not supported by this server (got {value!r}); leave it out"
+                               + (f" or send {neutral[0]!r}" if neutral else ""), name)
+
     def sampling_params(self, ctx: Serving, logprobs: int | None = None, max_tokens: int | None = None,
                         stream: bool = False) -> SamplingParams:
+        self._refuse_unsupported()
         ctx.check_samples(self.n, self.best_of)
         best_of = self.best_of
         if self.use_beam_search:
@@ -172,6 +202,7 @@ class SamplingFields(Body):
                 logit_bias=self._logit_bias(vocab),
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens,
                 skip_special_tokens=self.skip_special_tokens,
                 logprobs=logprobs,
                 n=self.n,
