@@ -19,7 +19,8 @@ WIRE = ["mindie.engine.request", "mindie.engine.stats", "mindie.server.results",
 HEAVY = ["torch", "mindie._C", "mindie.engine.engine"]
 # module -> its family; modules outside this table are shared by several families
 FAMILIES = {"native": "native", "tgi": "tgi", "vllm": "vllm", "triton": "triton", "openai": "openai",
-            "openai_chat": "openai", "openai_completions": "openai", "openai_responses": "openai"}
+            "openai_chat": "openai", "openai_completions": "openai", "openai_responses": "openai",
+            "responses_request": "openai", "responses_store": "openai"}
 
 
 def test_wire_modules_load_without_torch_or_the_engine():

@@ -127,15 +127,17 @@ def one_of(constraints: list[Constraint]) -> Constraint | None:
     return constraints[0] if constraints else None
 
 
-async def compile_checked(ctx: Serving, build: Any, max_tokens: int | None, what: str) -> Grammar | None:
-    """`build()` (a compile, off the event loop), then the budget check: a `max_tokens` too small
-    for any valid output is a 400 saying how many tokens are needed, where that is known."""
+async def compile_checked(ctx: Serving, build: Any, max_tokens: int | None, what: str,
+                          budget_param: str = "max_tokens") -> Grammar | None:
+    """`build()` (a compile, off the event loop), then the budget check: a `max_tokens` (named
+    `budget_param` in the request) too small for any valid output is a 400 saying how many tokens
+    are needed, where that is known."""
     grammar = await asyncio.to_thread(build)
     if grammar is not None and max_tokens is not None:
         needed = grammar.matcher().min_tokens(limit=max_tokens + 1)
         if needed is not None and needed > max_tokens or needed is None and grammar.budgeted:
-            raise APIError(422, f"max_tokens is {max_tokens}, too few for any valid output: {what} needs at "
-                                f"least {needed or 'more than ' + str(max_tokens)} tokens", "max_tokens")
+            raise APIError(422, f"{budget_param} is {max_tokens}, too few for any valid output: {what} needs at "
+                                f"least {needed or 'more than ' + str(max_tokens)} tokens", budget_param)
     return grammar
 
 
