@@ -96,21 +96,36 @@ class GrammarMatcher:
         self._matcher = matcher
         self._words = bitmask_words
         self._closers = closers
+        # A completion that fits the budget from the current state: a model that follows it needs
+        # no search. None when not known.
+        self._path: list[int] | None = None
+        self._next: tuple[int, list[int]] | None = None  # fit_budget's token and the path after it
+        # No completion fits what is left: the rule cannot help any more, and searching again
+        # each step would only cost time (max_tokens cuts the value as it would a free one).
+        self._hopeless = False
 
     def fit_budget(self, token: int, budget: int) -> int:
         """The token to take now with `budget` tokens left (this one included): `token`, unless
         the value could then no longer be completed within the budget, in which case the next
         token of a shortest completion from here. So a value always finishes, closing what is open
         and filling the required fields, when the budget comes down to what that needs."""
-        if self._closers is None:
+        if self._closers is None or self._hopeless:
+            return token
+        if self._path and self._path[0] == token:  # the known completion goes on fitting
+            self._next = (token, self._path[1:])
             return token
         after = self._matcher.deep_copy()
         if after.consume_token(token):
             rest = _shortest_path(after, self._closers, budget - 1)
             if rest is not None:
+                self._next = (token, rest)
                 return token
-        path = _shortest_path(self._matcher, self._closers, budget)
-        return path[0] if path else token
+        path = self._path if self._path else _shortest_path(self._matcher, self._closers, budget)
+        if not path:  # None: nothing fits any more; []: the value is already complete (EOS is allowed)
+            self._hopeless = path is None
+            return token
+        self._next = (path[0], path[1:])
+        return path[0]
 
     def min_tokens(self, limit: int = 4096) -> int | None:
         """Tokens the shortest completion from here needs (greedy, an upper bound); None if not known."""
@@ -138,6 +153,8 @@ class GrammarMatcher:
     def advance(self, token_id: int) -> bool:
         """Consume the sampled token. False if the grammar forbids it: the matcher is then in its
         error state for good (see :attr:`error`) and the request should finish."""
+        known, self._next = self._next, None
+        self._path = known[1] if known is not None and known[0] == token_id else None
         return self._matcher.consume_token(token_id)
 
     def accepts_eos(self) -> bool:

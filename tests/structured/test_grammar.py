@@ -443,3 +443,33 @@ def test_answer_or_tool_call_takes_a_formatted_answer_or_a_valid_call(compiler, 
             jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), tools["get_weather"])
         else:
             jsonschema.validate(json.loads(text), answer)
+
+
+def test_budget_rule_searches_only_when_it_can_matter(compiler, tok, monkeypatch):
+    """A model that follows the known completion needs no search, and once no completion fits
+    what is left the rule stops searching (the value is cut as a free one would be)."""
+    from mindie.structured import grammar as grammar_module
+
+    calls = []
+    search = grammar_module._shortest_path
+    monkeypatch.setattr(grammar_module, "_shortest_path", lambda *a: calls.append(1) or search(*a))
+    never = tok.encode("\n", add_special_tokens=False)[0]  # never allowed inside this JSON
+    matcher = compiler.json_schema(RECORD).matcher()
+    needed = matcher.min_tokens()
+    calls.clear()
+    forced = []
+    for left in range(needed, 0, -1):  # the model keeps wanting a forbidden token: the path is followed
+        token = matcher.fit_budget(never, left)
+        assert matcher.advance(token)
+        forced.append(token)
+    assert matcher.accepts_eos() and len(calls) <= 3  # the first step searches, the rest follow the path
+    jsonschema.validate(json.loads(tok.decode(forced)), RECORD)
+
+    long = {"type": "array", "items": {"type": "integer"}, "minItems": 50}
+    matcher = compiler.json_schema(long).matcher()
+    calls.clear()
+    ids = tok.encode("[1, 2, 3, 4, 5", add_special_tokens=False)
+    for i, token in enumerate(ids):
+        assert matcher.fit_budget(token, 20 - i) == token  # no completion fits: the model's token stands
+        assert matcher.advance(token)
+    assert len(calls) == 2  # one failed search after the first token, one from before it, then none
