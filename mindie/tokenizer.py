@@ -71,10 +71,6 @@ class Tokenizer:
         self.special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
-        # The same vocabulary with special-token text read as plain text: for what clients wrote
-        # inside a chat message, so "<|im_start|>" there is never a control token.
-        self._plain = BackendTokenizer.from_str(backend.to_str())
-        self._plain.encode_special_tokens = True
         self.special_texts = tuple(t for t in (backend.id_to_token(i) for i in self.special_ids) if t)
 
     # --- construction ----------------------------------------------------------------------
@@ -151,6 +147,15 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]  # type: ignore[list-item]
         return ids
+
+    @functools.cached_property
+    def _plain(self) -> BackendTokenizer:
+        """The same vocabulary with special-token text read as plain text: for what clients wrote
+        inside a chat message, so "<|im_start|>" there is never a control token. Built at first
+        use (a second copy of the vocabulary, tens of MB, that most servers never need)."""
+        plain = BackendTokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of untrusted text: special-token strings in it stay text."""

@@ -66,6 +66,7 @@ class LLMEngine:
         )
         self.limits = config.limits(loaded.config.max_position, num_blocks * config.block_size)
         self.config = config.with_limits(self.limits)
+        self.kv_cache_bytes = num_blocks * kv_bytes_per_block(loaded, config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)

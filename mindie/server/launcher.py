@@ -53,6 +53,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     steps.update(1)
     steps.close()
     print(f"context: {engine.limits.describe()}", file=sys.stderr)
+    print(f"memory: {memory_line(loaded.source, engine.kv_cache_bytes)}", file=sys.stderr)
     name = settings.model_name or loaded.name
     # From here on the settings say what runs: the served name, and every token limit set.
     settings = replace(settings, model_name=name, engine=engine.config)
@@ -60,6 +61,34 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     if settings.dmi:
         serving.pd = PDNode(settings, serving.engine)
     return serving
+
+
+def _resident_bytes() -> int | None:
+    """The process's resident set (Linux), None where /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _model_file_bytes(source: str) -> int:
+    """The bytes of the model as stored: a GGUF file, or a directory's weight files."""
+    if os.path.isfile(source):
+        return os.path.getsize(source)
+    return sum(os.path.getsize(os.path.join(source, f)) for f in os.listdir(source)
+               if f.endswith((".safetensors", ".bin", ".gguf")))
+
+
+def memory_line(source: str, kv_cache_bytes: int) -> str:
+    """Resident memory at start-up against what it is made of: the model file, the KV cache (all
+    of it allocated now), and the rest (Python, torch, tokenizers, working buffers)."""
+    mib = 2**20
+    model, resident = _model_file_bytes(source), _resident_bytes()
+    parts = f"model file {model / mib:.0f} MiB + KV cache {kv_cache_bytes / mib:.0f} MiB"
+    if resident is None:
+        return parts
+    return f"resident {resident / mib:.0f} MiB = {parts} + {(resident - model - kv_cache_bytes) / mib:.0f} MiB other"
 
 
 def _ssl_options(settings: ServerSettings) -> dict[str, object]:

@@ -192,3 +192,26 @@ def test_a_max_iter_times_past_the_fitted_context_stops_start_up(model_dir, tmp_
                            "--dtype", "float32"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert f"configuration error: maxIterTimes must be in [1, maxSeqLen={CONTEXT}]" in proc.stderr, proc.stderr
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def test_start_up_says_the_resident_memory_and_what_it_is_made_of(model_dir, capfd):
+    import re
+
+    from mindie.engine.engine import kv_bytes_per_block
+    from mindie.server.launcher import memory_line
+
+    server = serve(model_dir, kv_blocks(64))
+    try:
+        line = next(x for x in capfd.readouterr().err.splitlines() if x.startswith("memory: "))
+        pattern = r"memory: resident (\d+) MiB = model file (\d+) MiB \+ KV cache (\d+) MiB \+ (-?\d+) MiB other"
+        resident, model, kv, other = map(int, re.fullmatch(pattern, line).groups())
+        assert abs(resident - (model + kv + other)) <= 1  # each figure rounded on its own
+        engine = server.ctx.engine.engine
+        assert kv == round(64 * kv_bytes_per_block(engine.loaded, engine.config.block_size) / 2**20)
+        assert engine.kv_cache_bytes == 64 * kv_bytes_per_block(engine.loaded, engine.config.block_size)
+    finally:
+        server.close()
+    assert memory_line(str(model_dir), 0).startswith("resident ")
