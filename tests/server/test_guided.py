@@ -127,3 +127,12 @@ def test_tgi_best_of_and_top_n_tokens(tiny_server):
                for e in events)
     greedy = httpx.post(tiny_server.url + "/generate", json={"inputs": "hi", "parameters": {"best_of": 2}})
     assert greedy.status_code == 422 and "sampling" in greedy.json()["error"]
+
+
+def test_completions_take_response_format(tiny_server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    body = post(tiny_server, "/v1/completions", {**COMPLETIONS, "response_format": fmt})
+    assert valid("json", text_of("/v1/completions", body))
+    both = httpx.post(tiny_server.url + "/v1/completions", json={**COMPLETIONS, "response_format": fmt,
+                                                                 "guided_regex": "a"}, timeout=60)
+    assert both.status_code == 400 and "guided_regex" in both.json()["error"]["message"]

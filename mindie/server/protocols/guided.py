@@ -31,6 +31,30 @@ _STRUCTURED_KINDS: dict[str, Kind] = {"json": "json", "regex": "regex", "choice"
                                       "json_object": "json_object"}
 
 
+class ResponseFormat(Body):
+    """OpenAI's response_format (chat; vLLM takes it on completions too)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+    # llama.cpp's {"type": "json_object", "schema": ...} and huggingface_hub's "value"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    value: dict[str, Any] | None = None
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must follow; None for plain text."""
+        if self.type == "text":
+            return None
+        # llama.cpp's and huggingface_hub's schema beside the type, where OpenAI has none
+        inline = self.schema_ if self.schema_ is not None else self.value
+        if self.type == "json_object":
+            return {"type": "object"} if inline is None else inline
+        schema = (self.json_schema or {}).get("schema") if inline is None else inline
+        if not isinstance(schema, dict):
+            raise APIError(422, "response_format.json_schema.schema must be a JSON schema object",
+                           "response_format.json_schema.schema")
+        return schema
+
+
 @dataclass(frozen=True)
 class Constraint:
     param: str  # the field that asked for it, named in errors
@@ -117,6 +141,12 @@ def _structured_outputs(options: dict[str, Any]) -> list[Constraint]:
             raise APIError(422, f"{param} must be a string", param)
         found.append(Constraint(param, kind, value))
     return found
+
+
+def response_format(value: ResponseFormat | None) -> list[Constraint]:
+    """response_format as a constraint, where nothing else (tools) shares the output."""
+    schema = None if value is None else value.answer_schema()
+    return [] if schema is None else [Constraint("response_format", "json", schema)]
 
 
 def one_of(constraints: list[Constraint]) -> Constraint | None:

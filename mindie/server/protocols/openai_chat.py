@@ -10,10 +10,10 @@ from pydantic import Field
 
 from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
 from mindie.server.errors import APIError
-from mindie.server.fields import INT32_MAX, Body, number, validate
+from mindie.server.fields import INT32_MAX, number, validate
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
-from mindie.server.protocols.guided import compile_checked, compile_guided, one_of
+from mindie.server.protocols.guided import ResponseFormat, compile_checked, compile_guided, one_of
 from mindie.server.protocols.messages import Message, Tool, render_chat
 from mindie.server.protocols.openai import (
     OpenAIFields,
@@ -32,14 +32,6 @@ if TYPE_CHECKING:
     from mindie.tokenizer import Tokenizer
 
 MAX_MESSAGES = 4096
-
-
-class ResponseFormat(Body):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-    # llama.cpp's {"type": "json_object", "schema": ...} and huggingface_hub's "value"
-    schema_: dict[str, Any] | None = Field(None, alias="schema")
-    value: dict[str, Any] | None = None
 
 
 class ChatRequest(OpenAIFields):

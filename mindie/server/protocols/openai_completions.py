@@ -13,7 +13,7 @@ from mindie.engine.request import MAX_STOP_CHARS_TOTAL, EngineRequest, FinishRea
 from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, number, validate
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
-from mindie.server.protocols.guided import compile_guided, one_of
+from mindie.server.protocols.guided import ResponseFormat, compile_guided, one_of, response_format
 from mindie.server.protocols.openai import (
     OpenAIFields,
     OpenAIRenderer,
@@ -45,6 +45,7 @@ class CompletionRequest(OpenAIFields):
     logprobs: number(0, 5, integer=True) | None = None  # type: ignore[valid-type]
     echo: bool = False
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # vLLM takes OpenAI's chat field here too
 
 
 def _prompts(ctx: Serving, prompt: Any) -> list[tuple[str | None, list[int]]]:
@@ -78,7 +79,7 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     if len(prompts) * params.num_samples > ctx.max_n:
         raise APIError(422, f"prompts x best_of must be at most {ctx.max_n}, got {len(prompts)} x "
                             f"{params.num_samples}", "prompt")
-    grammar = await compile_guided(ctx, one_of(req.guided()), params.max_tokens)
+    grammar = await compile_guided(ctx, one_of(response_format(req.response_format) + req.guided()), params.max_tokens)
     requests = [EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar) for text, ids in prompts]
     echoed = [(text if text is not None else ctx.tokenizer.decode(ids)) if req.echo else "" for text, ids in prompts]
     renderer = CompletionRenderer(req, params, ctx.tokenizer, [ids for _, ids in prompts], echoed, scoring)

@@ -31,10 +31,9 @@ from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import describe, validate
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import UNNAMED, Call, dumps
-from mindie.server.protocols.guided import compile_checked
+from mindie.server.protocols.guided import ResponseFormat, compile_checked
 from mindie.server.protocols.messages import render_chat
 from mindie.server.protocols.openai import OpenAIRenderer, check_model
-from mindie.server.protocols.openai_chat import ResponseFormat
 from mindie.server.protocols.responses_request import (
     FunctionTool,
     ResponsesError,

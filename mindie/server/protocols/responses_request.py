@@ -12,8 +12,8 @@ from pydantic import AfterValidator, Field, ValidationError
 
 from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, Body, describe, number
+from mindie.server.protocols.guided import ResponseFormat
 from mindie.server.protocols.messages import Tool
-from mindie.server.protocols.openai_chat import ResponseFormat
 
 if TYPE_CHECKING:
     pass

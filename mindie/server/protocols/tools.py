@@ -121,25 +121,10 @@ def constraint(compiler: GrammarCompiler, tools: dict[str, dict[str, Any] | None
         if isinstance(tool_choice, dict):
             name = tool_choice["function"]["name"]
             return compiler.tool_call({name: tools[name]})
-        answer = _answer_schema(response_format)
+        answer = None if response_format is None else response_format.answer_schema()
         if tools and tool_choice in (None, "auto") and (strict or answer is not None):
             return compiler.text_or_tool_call(tools, answer)
         return None if answer is None else compiler.json_schema(answer)
     except GrammarError as exc:
         param = "response_format.json_schema.schema" if response_format is not None else "tools"
         raise APIError(422, f"{param}: {exc}", param) from None
-
-
-def _answer_schema(response_format: Any) -> dict[str, Any] | None:
-    """The JSON schema a response format asks the answer to follow; None for plain text."""
-    if response_format is None or response_format.type == "text":
-        return None
-    # llama.cpp's and huggingface_hub's schema beside the type, where OpenAI has none
-    inline = response_format.schema_ if response_format.schema_ is not None else response_format.value
-    if response_format.type == "json_object":
-        return {"type": "object"} if inline is None else inline
-    schema = (response_format.json_schema or {}).get("schema") if inline is None else inline
-    if not isinstance(schema, dict):
-        raise APIError(422, "response_format.json_schema.schema must be a JSON schema object",
-                       "response_format.json_schema.schema")
-    return schema
