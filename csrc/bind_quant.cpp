@@ -1,6 +1,10 @@
+#include <algorithm>
+#include <chrono>
 #include <stdexcept>
+#include <string>
 
 #include "bindings.h"
+#include "cpu/dot_peak.h"
 #include "cpu/quant.h"
 
 namespace mindie::host {
@@ -165,6 +169,35 @@ void round_to_bf16(py::handle out_obj, py::handle x_obj) {
   kc::round_to_bf16(args);
 }
 
+// Products (multiply-adds) per second of `instruction` on `threads` pool threads: the best of three
+// runs of about `seconds` / 3 each, the iteration count calibrated on a short first run.
+double dot_peak(const std::string& instruction, int threads, double seconds) {
+  kc::DotInstr instr;
+  if (instruction == "vpdpbusd") instr = kc::DotInstr::kVpdpbusd;
+  else if (instruction == "vpmaddubsw") instr = kc::DotInstr::kVpmaddubsw;
+  else if (instruction == "vdpbf16ps") instr = kc::DotInstr::kVdpbf16ps;
+  else fail("instruction: expected 'vpdpbusd', 'vpmaddubsw' or 'vdpbf16ps', got '" + instruction + "'");
+  if (threads < 1) fail("threads must be >= 1");
+  py::gil_scoped_release nogil;
+  const auto timed = [&](int64_t iterations, int64_t* products) {
+    const auto t0 = std::chrono::steady_clock::now();
+    kc::dot_peak({instr, iterations, threads, products});
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  int64_t products = 0;
+  int64_t iterations = 1 << 16;
+  const double probe = timed(iterations, &products);
+  if (products == 0) return 0.0;
+  iterations = std::max<int64_t>(1, static_cast<int64_t>(iterations * seconds / 3 / std::max(probe, 1e-6)));
+  double best = 0.0;
+  for (int run = 0; run < 3; ++run) {
+    products = 0;
+    const double t = timed(iterations, &products);
+    best = std::max(best, static_cast<double>(products) / t);
+  }
+  return best;
+}
+
 }  // namespace
 
 void bind_quant(py::module_& m) {
@@ -191,6 +224,9 @@ void bind_quant(py::module_& m) {
         "out [m, k] bfloat16 = x [m, k] float32 rounded to nearest even.");
   m.def("qmatmul_bf16_native", &kc::qmatmul_bf16_native,
         "Whether the active kernel variant runs qmatmul_bf16 on native bf16 dot products (AVX512-BF16).");
+  m.def("dot_peak", &dot_peak, py::arg("instruction"), py::arg("threads"), py::arg("seconds") = 0.6,
+        "Multiply-adds per second of a register-only loop of 'vpdpbusd', 'vpmaddubsw' or 'vdpbf16ps' on "
+        "`threads` kernel-pool threads (the active variant's form); 0.0 where the variant or CPU lacks it.");
 }
 
 }  // namespace mindie::host

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "cpu/beam_search.h"
+#include "cpu/dot_peak.h"
 #include "cpu/kv_cache.h"
 #include "cpu/layers.h"
 #include "cpu/linear.h"
@@ -33,7 +34,8 @@ namespace mindie::kernels::cpu {
   MINDIE_LAYER_KERNELS(X)       \
   MINDIE_LINEAR_KERNELS(X)       \
   MINDIE_QUANT_KERNELS(X)        \
-  MINDIE_TOKEN_MASK_KERNELS(X)
+  MINDIE_TOKEN_MASK_KERNELS(X)   \
+  MINDIE_DOT_PEAK_KERNELS(X)
 
 #define MINDIE_DECLARE(name, Args) void name(const Args&);
 namespace isa_scalar { MINDIE_ALL_KERNELS(MINDIE_DECLARE) }

@@ -191,3 +191,14 @@ def test_bad_arguments_raise():
         ops.qmatmul_group(q, d, [(qtype, data, 64, 4, False)] * 5)
     with pytest.raises(ValueError, match="as many columns as xq"):
         ops.qmatmul_group(q, d, [(qtype, random_blocks("Q4_1", 4, 96, 0)[0], 96, 4, False)])
+
+
+def test_dot_peak_counts_the_instructions_the_cpu_has():
+    """The benchmarks' register-only peak: positive for each instruction the active variant and the CPU
+    run, 0.0 for one they lack, and an unknown name is an error naming the known ones."""
+    has = {"vpdpbusd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
+           "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar"}
+    for instruction, present in has.items():
+        assert (_C.dot_peak(instruction, _C.get_num_threads(), 0.03) > 0) == present, instruction
+    with pytest.raises(ValueError, match="vpdpbusd"):
+        _C.dot_peak("vfmadd", 1)

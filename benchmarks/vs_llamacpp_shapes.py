@@ -1,0 +1,165 @@
+"""Our engine against llama.cpp at the shapes people serve, beside the machine's limits (issue 24).
+
+    python benchmarks/vs_llamacpp_shapes.py --llama-bin DIR [--shapes llama-3.2-1b,smollm2-1.7b]
+                                            [--formats Q4_K_M,Q4_0] [--rounds 3] [--threads N] [--cache DIR]
+
+Each shape is a Llama-architecture GGUF with random weights (../shared/tools/make-synthetic-gguf.py, F16),
+quantized by llama-quantize from DIR; both are made once into --cache (default ~/.cache/mindie-bench),
+outside the repository. Per file and round, interleaved so that a noisy stretch of the machine hits both:
+  the read bandwidth (torch summing 1 GB, benchmarks/common.py) and the dot-product peak (a register-only
+  loop of the instruction our prefill kernel uses, _C.dot_peak);
+  prefill of 512 tokens   llama-bench -p 512 -n 0   against LLM.generate(max_tokens=1)
+  batch-1 decode, 128     llama-bench -p 0 -n 128   against engine steps after the first token
+then the medians with our/their ratio and each side's share of its limit: decode as the weight bytes
+one token reads (every tensor but the embedding table, of which a row) x tok/s over the bandwidth;
+prefill as the matmul FLOPs per prompt token (2 x the layers' weights, plus attention at the mean
+context; the lm_head runs for the last token alone) x tok/s over the peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from common import memory_read_bandwidth
+from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench, our_decode, our_prefill, random_ids
+
+from mindie import _C, LLM, SamplingParams
+from mindie.model.gguf_header import read_header
+from mindie.model.loader import default_model_path
+
+# make-synthetic-gguf.py's arguments per public model.
+SHAPES: dict[str, dict[str, int]] = {
+    "llama-3.2-1b": {"hidden": 2048, "layers": 16, "heads": 32, "kv-heads": 8, "ffn": 8192},
+    "smollm2-1.7b": {"hidden": 2048, "layers": 24, "heads": 32, "kv-heads": 32, "ffn": 8192},
+    "llama-3.2-3b": {"hidden": 3072, "layers": 28, "heads": 24, "kv-heads": 8, "ffn": 8192},
+    "llama-3.1-8b": {"hidden": 4096, "layers": 32, "heads": 32, "kv-heads": 8, "ffn": 14336},
+}
+TOOLS = Path(__file__).resolve().parents[2] / "shared" / "tools"
+
+
+def model_file(args: argparse.Namespace, shape: str, fmt: str) -> Path:
+    """The cached GGUF of `shape` in `fmt`, made (F16, then quantized) when absent."""
+    out = args.cache / f"{shape}-{fmt.lower()}.gguf"
+    if out.is_file():
+        return out
+    args.cache.mkdir(parents=True, exist_ok=True)
+    f16 = args.cache / f"{shape}-f16.gguf"
+    if not f16.is_file():
+        dims = [a for k, v in SHAPES[shape].items() for a in (f"--{k}", str(v))]
+        print(f"writing {f16} ...", flush=True)
+        subprocess.run([sys.executable, str(args.tools / "make-synthetic-gguf.py"), str(default_model_path()),
+                        str(f16) + ".part", *dims], check=True, stdout=subprocess.DEVNULL)
+        os.replace(str(f16) + ".part", f16)
+    print(f"quantizing {out.name} ...", flush=True)
+    subprocess.run([str(args.llama_bin / "llama-quantize"), str(f16), str(out) + ".part", fmt, str(args.threads)],
+                   check=True, capture_output=True, env={**os.environ, "LD_LIBRARY_PATH": str(args.llama_bin)})
+    os.replace(str(out) + ".part", out)
+    return out
+
+
+def per_token_work(path: Path) -> tuple[int, float, str]:
+    """(bytes a decode token reads, prefill FLOPs per token of a PREFILL-token prompt, formats) of a GGUF."""
+    header = read_header(str(path))
+    f = header.fields
+    arch = f["general.architecture"]
+    layers, hidden = f[f"{arch}.block_count"], f[f"{arch}.embedding_length"]
+    tensors = {t.name: t for t in header.tensors}
+    ends = sorted(t.offset for t in header.tensors) + [len(header.data)]
+    size = {t.name: ends[ends.index(t.offset) + 1] - t.offset for t in header.tensors}  # with alignment padding
+    read = sum(n for name, n in size.items() if name != "token_embd.weight" or "output.weight" not in tensors)
+    params = sum(t.shape[0] * t.shape[1] for t in header.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    attention = 4 * layers * hidden * (PREFILL + 1) / 2  # q.k and p.v at the mean context
+    formats: dict[str, int] = {}
+    for t in header.tensors:
+        if len(t.shape) == 2:
+            name = _qtype_name(t.qtype)
+            formats[name] = formats.get(name, 0) + 1
+    return read, 2 * params + attention, ", ".join(f"{k} x{v}" for k, v in sorted(formats.items()))
+
+
+def _qtype_name(qtype: int) -> str:
+    import gguf
+
+    return gguf.GGMLQuantizationType(qtype).name
+
+
+def prefill_instruction() -> str:
+    """The dot-product instruction our prefill rows run on here."""
+    if _C.qmatmul_bf16_native():
+        return "vdpbf16ps"
+    return "vpdpbusd" if _C.cpu_features()["avx512_vnni"] and _C.get_isa() == "avx512" else "vpmaddubsw"
+
+
+def run_file(args: argparse.Namespace, path: Path) -> list[str]:
+    """Table rows for one GGUF: its rounds, interleaved, then medians."""
+    read, flops, formats = per_token_work(path)
+    instr = prefill_instruction()
+    print(f"\n== {path.name}: {path.stat().st_size / 1e9:.2f} GB ({formats}); a decode token reads "
+          f"{read / 1e9:.3f} GB, a prompt token costs {flops / 1e9:.2f} GFLOP", flush=True)
+    llm = LLM(str(path), enablePrefixCache=False)
+    vocab = llm.engine.loaded.config.vocab_size
+    llm.generate({"prompt_token_ids": random_ids(64, 0, vocab)}, SamplingParams(max_tokens=4, ignore_eos=True),
+                 use_tqdm=False)  # warm-up
+    bench_args = argparse.Namespace(llama_bin=args.llama_bin, model=str(path), threads=args.threads)
+    results: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        measured = {"bandwidth": memory_read_bandwidth(), "peak": 2 * _C.dot_peak(instr, args.threads)}
+        measured["llama prefill"] = llama_bench(bench_args, PREFILL, 0)
+        measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab))
+        measured["llama decode"] = llama_bench(bench_args, 0, DECODE)
+        measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
+        for key, value in measured.items():
+            results.setdefault(key, []).append(value)
+        print(f"round {r + 1}/{args.rounds}: bandwidth {measured['bandwidth'] / 1e9:.1f} GB/s, {instr} peak "
+              f"{measured['peak'] / 1e9:.0f} GFLOP/s; " + ", ".join(
+                  f"{k} {v:.1f}" for k, v in measured.items() if k not in ("bandwidth", "peak")), flush=True)
+    del llm
+    med = {k: statistics.median(v) for k, v in results.items()}
+    rows = []
+    for fig, per_token, limit, unit in (("prefill", flops, med["peak"], f"{instr} peak"),
+                                        ("decode", read, med["bandwidth"], "read bandwidth")):
+        ours, theirs = med[f"ours {fig}"], med[f"llama {fig}"]
+        rows.append(f"{path.name:<28} {fig + (f' {PREFILL}' if fig == 'prefill' else f' b1 {DECODE}'):<16} "
+                    f"{theirs:9.1f} {ours:9.1f} {ours / theirs:7.2f}x "
+                    f"{100 * theirs * per_token / limit:6.0f}% {100 * ours * per_token / limit:6.0f}%   "
+                    f"{limit / 1e9:.0f} {'GFLOP/s' if fig == 'prefill' else 'GB/s'} {unit}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bin", type=Path, required=True, help="folder holding llama-bench and llama-quantize")
+    ap.add_argument("--shapes", default="llama-3.2-1b,smollm2-1.7b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--formats", default="Q4_K_M,Q4_0", help="llama-quantize types, comma-separated")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mindie-bench")
+    ap.add_argument("--tools", type=Path, default=TOOLS, help="folder holding make-synthetic-gguf.py")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    shapes = args.shapes.split(",")
+    if unknown := [s for s in shapes if s not in SHAPES]:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    if missing := [b for b in ("llama-bench", "llama-quantize") if not (args.llama_bin / b).is_file()]:
+        ap.error(f"{', '.join(missing)} not found in {args.llama_bin} (build with ../shared/tools/build-llamacpp.sh)")
+
+    torch.set_num_threads(args.threads)
+    _C.set_num_threads(args.threads)
+    print(f"CPU: {cpu_summary()}")
+    print(f"threads: {args.threads} (llama.cpp -t, our kernel pool {_C.get_num_threads()}); our kernel variant "
+          f"{_C.get_isa()}, prefill rows on {prefill_instruction()}")
+    files = [model_file(args, s, f) for s in shapes for f in args.formats.split(",")]
+    rows = [row for path in files for row in run_file(args, path)]
+    print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
+          f"share of the limit named")
+    print(f"{'model':<28} {'figure':<16} {'llama.cpp':>9} {'ours':>9} {'ratio':>8} {'llama%':>7} {'ours%':>7}   limit")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

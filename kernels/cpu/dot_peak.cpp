@@ -1,0 +1,92 @@
+// Register-only throughput loops (see dot_peak.h). Enough independent accumulators to cover the
+// instruction's latency at two per cycle; the operands stay in registers, so only the execution
+// ports count.
+#include "cpu/dot_peak.h"
+
+#include <atomic>
+
+#include "cpu/dispatch.h"
+#include "cpu/parallel.h"
+#include "cpu/vec.h"
+
+namespace mindie::kernels::cpu {
+namespace MINDIE_ISA_NS {
+namespace {
+
+constexpr int kChains = 12;
+
+#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
+#if defined(MINDIE_ISA_AVX512)
+using VecI = __m512i;
+constexpr int kBytes = 64;
+inline VecI set1_i8(int8_t v) { return _mm512_set1_epi8(v); }
+inline VecI maddubs(VecI acc, VecI u, VecI s) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
+}
+inline int32_t fold(VecI v) { return _mm512_reduce_add_epi32(v); }
+#else
+using VecI = __m256i;
+constexpr int kBytes = 32;
+inline VecI set1_i8(int8_t v) { return _mm256_set1_epi8(v); }
+inline VecI maddubs(VecI acc, VecI u, VecI s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+inline int32_t fold(VecI v) {
+  alignas(32) int32_t a[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), v);
+  int32_t s = 0;
+  for (int32_t x : a) s += x;
+  return s;
+}
+#endif
+
+// The sum of every lane, kept so that the compiler cannot drop the loop.
+std::atomic<int64_t> g_sink{0};
+
+// u and s are the operands of every step: small bytes for the integer forms, and for bf16 1.0 in
+// each half (0x3F80), whose sums stay normal floats (no denormal assists).
+template <class Step>
+int64_t run_chains(int64_t iterations, VecI u, VecI s, Step&& step) {
+  VecI acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = set1_i8(0);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = step(acc[c], u, s);
+  int64_t sum = 0;
+  for (int c = 0; c < kChains; ++c) sum += fold(acc[c]);
+  g_sink.fetch_add(sum, std::memory_order_relaxed);
+  return iterations * kChains * kBytes;
+}
+#endif
+
+int64_t one_thread(DotInstr instr, int64_t iterations) {
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
+  if (instr == DotInstr::kVpdpbusd && cpu_has_avx512_vnni())
+    return run_chains(iterations, set1_i8(3), set1_i8(1),
+                      [](VecI acc, VecI u, VecI s) { return _mm512_dpbusd_epi32(acc, u, s); });
+#endif
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
+  if (instr == DotInstr::kVdpbf16ps && cpu_has_avx512_bf16())
+    return run_chains(iterations, _mm512_set1_epi16(0x3F80), _mm512_set1_epi16(0x3F80), [](VecI acc, VecI u, VecI s) {
+             return _mm512_castps_si512(_mm512_dpbf16_ps(_mm512_castsi512_ps(acc), (__m512bh)u, (__m512bh)s));
+           }) / 2;  // 32 bf16 pairs of products per 64 bytes
+#endif
+#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
+  if (instr == DotInstr::kVpmaddubsw) return run_chains(iterations, set1_i8(3), set1_i8(1), maddubs);
+#endif
+  (void)instr;
+  (void)iterations;
+  return 0;
+}
+
+}  // namespace
+
+void dot_peak(const DotPeakArgs& a) {
+  std::atomic<int64_t> total{0};
+  parallel_for(a.threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) total.fetch_add(one_thread(a.instr, a.iterations), std::memory_order_relaxed);
+  });
+  *a.products += total.load();
+}
+
+}  // namespace MINDIE_ISA_NS
+}  // namespace mindie::kernels::cpu
