@@ -68,10 +68,10 @@ def engine_options(args: argparse.Namespace) -> dict[str, str]:
 # --- llama.cpp ---------------------------------------------------------------------------------------------------
 
 
-def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int) -> float:
-    """avg_ts of one llama-bench test (its own warm-up run, then 3 repetitions)."""
+def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int, extra: tuple[str, ...] = ()) -> float:
+    """avg_ts of one llama-bench test (its own warm-up run, then 3 repetitions); `extra` options appended."""
     cmd = [str(args.llama_bin / "llama-bench"), "-m", args.model, "-p", str(n_prompt), "-n", str(n_gen),
-           "-t", str(args.threads), "-r", "3", "-o", "json"]
+           "-t", str(args.threads), "-r", "3", "-o", "json", *extra]
     out = subprocess.run(cmd, env={**os.environ, "LD_LIBRARY_PATH": str(args.llama_bin)}, capture_output=True,
                          text=True)
     if out.returncode:

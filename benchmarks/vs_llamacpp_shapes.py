@@ -89,6 +89,20 @@ def _qtype_name(qtype: int) -> str:
     return gguf.GGMLQuantizationType(qtype).name
 
 
+def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int) -> float:
+    """llama_bench with llama.cpp's defaults, or, where those crash, without its weight repacking:
+    b11434's repacked matmuls end in SIGSEGV at prompt batches on some AMX machines (a KVM Sapphire
+    Rapids), which `--repack 0` avoids. The fallback is printed, since it may cost llama.cpp speed."""
+    try:
+        return llama_bench(args, n_prompt, n_gen)
+    except RuntimeError as e:
+        if "exited with -11" not in str(e):
+            raise
+        print(f"  llama-bench -p {n_prompt} -n {n_gen} crashed (SIGSEGV) with its defaults; measured with --repack 0",
+              flush=True)
+        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"))
+
+
 def prefill_instruction() -> str:
     """The dot-product instruction our prefill rows run on here."""
     if _C.qmatmul_bf16_native():
@@ -110,9 +124,9 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         measured = {"bandwidth": memory_read_bandwidth(), "peak": 2 * _C.dot_peak(instr, args.threads)}
-        measured["llama prefill"] = llama_bench(bench_args, PREFILL, 0)
+        measured["llama prefill"] = llama_bench_any(bench_args, PREFILL, 0)
         measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab))
-        measured["llama decode"] = llama_bench(bench_args, 0, DECODE)
+        measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE)
         measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
         for key, value in measured.items():
             results.setdefault(key, []).append(value)

@@ -7,6 +7,7 @@
 // rows (decode), matrices packed in panels (quant.h) are instead read where they lie
 // (Int8Panel::stream), to the same sums in the same order.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -235,6 +236,25 @@ struct PanelSplit {
       for (int64_t th = tb; th < te; ++th) f(th * per, std::min(panels, (th + 1) * per));
     });
   }
+  // f(begin, end) over ranges of panels that the threads claim as they go, each a share of what is
+  // left (guided scheduling): a thread that the OS descheduled, or that shares its core with another
+  // process, holds up the call by one small range at the end instead of half the matrix. A panel is
+  // computed whole by whichever thread claims it, so the results do not depend on who does.
+  template <class F>
+  void run_claimed(F&& f) const {
+    constexpr int64_t kMinRange = 4;
+    std::atomic<int64_t> next{0};
+    parallel_for(threads, 1, [&](int64_t, int64_t) {
+      for (int64_t begin = next.load(std::memory_order_relaxed);; begin = next.load(std::memory_order_relaxed)) {
+        int64_t take;
+        do {
+          if (begin >= panels) return;
+          take = std::max(kMinRange, (panels - begin) / (2 * threads));
+        } while (!next.compare_exchange_weak(begin, begin + take, std::memory_order_relaxed));
+        f(begin, std::min(panels, begin + take));
+      }
+    });
+  }
 };
 
 // Stages every panel of a's targets and hands them to `apply(p, buf, n)` up
@@ -272,7 +292,7 @@ template <class D, int C>
 void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   const PanelSplit split(a);
   const int64_t blocks = a.k / 32;
-  split.run([&](int64_t begin, int64_t end) {
+  split.run_claimed([&](int64_t begin, int64_t end) {
     split.prefetch(begin, std::min(end, begin + kStreamAhead));
     for (int64_t pi = begin; pi < end; ++pi) {
       const Panel p = split.locate(pi);

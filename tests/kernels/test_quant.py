@@ -124,6 +124,31 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
         _C.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_decode_rows_do_not_depend_on_which_thread_claims_a_panel(isa, fmt):
+    """At decode the threads claim ranges of panels as they go (a share of what is left, so a thread
+    that is descheduled holds up little): over a matrix of many panels, in a group with a second one,
+    every row of 1 to 8 activation rows gets the bits one thread gives, whatever the thread count."""
+    k = cols_for(fmt)[-1]
+    group = []
+    for j, rows in enumerate((16 * 37 + 5, 16 * 11)):
+        data, qtype = random_blocks(fmt, rows, k, 10 + j)
+        group.append((qtype, ops.pack_panels(data, qtype), k, rows, True))
+    threads = _C.get_num_threads()
+    try:
+        for m in (1, 3, 8):
+            q, d = ops.quantize_activations(torch.randn(m, k, generator=torch.Generator().manual_seed(m)))
+            _C.set_num_threads(1)
+            alone = ops.qmatmul_group(q, d, group)
+            for t in sorted({2, 3, threads}):
+                _C.set_num_threads(t)
+                for _ in range(3):
+                    for got, want in zip(ops.qmatmul_group(q, d, group), alone, strict=True):
+                        assert torch.equal(got, want), (m, t)
+    finally:
+        _C.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("m", [1, 5, 20])
 def test_a_group_of_matrices_gives_each_its_own_result(isa, m):
     """qmatmul_group (q/k/v or gate/up in one call, their rows split over the threads as one range)
