@@ -149,6 +149,8 @@ def test_continue_final_message_cuts_the_turn_end(client, smol_server):
                                                        "echo": True, "return_token_ids": True})
     prompt = reply.model_extra["prompt_token_ids"]
     assert whole[: len(prompt)] == prompt and len(prompt) < len(whole)
+    assert httpx.post(smol_server.url + "/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                                           "continue_final_message": True}).json()["tokens"] == prompt
     text = httpx.post(smol_server.url + "/detokenize", json={"tokens": prompt}).json()["prompt"]
     assert text.endswith("<|im_start|>assistant\nMy favourite is")
     assert reply.choices[0].message.content.startswith("My favourite is")

@@ -73,6 +73,7 @@ class TokenizeRequest(Body):
     add_special_tokens: bool | None = None
     add_special: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
     with_pieces: bool = False
     model: str | None = None
@@ -99,7 +100,11 @@ async def tokenize(ctx: Serving, request: Request, body: bytes) -> Response:
             req.add_special if req.add_special is not None else name == "prompt"
         ids = ctx.tokenizer.encode(text, add_special_tokens=special)
     else:
-        _, ids = render_chat(ctx, req.messages, None, req.add_generation_prompt)
+        if req.continue_final_message and req.add_generation_prompt:
+            raise APIError(422, "continue_final_message and add_generation_prompt cannot both be true",
+                           "continue_final_message")
+        _, ids = render_chat(ctx, req.messages, None, req.add_generation_prompt,
+                             continue_final=req.continue_final_message)
     tokens: list[Any] = ids
     if req.with_pieces:
         tokens = [{"id": t, "piece": ctx.tokenizer.decode([t], skip_special_tokens=False)} for t in ids]
