@@ -1,7 +1,8 @@
 """Our engine against llama.cpp at the shapes people serve, beside the machine's limits (issue 24).
 
     python benchmarks/vs_llamacpp_shapes.py --llama-bin DIR [--shapes llama-3.2-1b,smollm2-1.7b]
-                                            [--formats Q4_K_M,Q4_0] [--rounds 3] [--threads N] [--cache DIR]
+                                            [--formats Q4_K_M,Q4_0] [--rounds 3] [--repetitions 3] [--threads N]
+                                            [--cache DIR]
 
 Each shape is a Llama-architecture GGUF with random weights (../shared/tools/make-synthetic-gguf.py, F16),
 quantized by llama-quantize from DIR; both are made once into --cache (default ~/.cache/mindie-bench),
@@ -31,6 +32,7 @@ from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench, our_decode, o
 
 from mindie import _C, LLM, SamplingParams
 from mindie.model.gguf_header import read_header
+from mindie.model.llama_quant import prompt_rows_in_bf16
 from mindie.model.loader import default_model_path
 
 # make-synthetic-gguf.py's arguments per public model.
@@ -94,18 +96,18 @@ def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int) -> floa
     b11434's repacked matmuls end in SIGSEGV at prompt batches on some AMX machines (a KVM Sapphire
     Rapids), which `--repack 0` avoids. The fallback is printed, since it may cost llama.cpp speed."""
     try:
-        return llama_bench(args, n_prompt, n_gen)
+        return llama_bench(args, n_prompt, n_gen, repetitions=args.repetitions)
     except RuntimeError as e:
         if "exited with -11" not in str(e):
             raise
         print(f"  llama-bench -p {n_prompt} -n {n_gen} crashed (SIGSEGV) with its defaults; measured with --repack 0",
               flush=True)
-        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"))
+        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"), args.repetitions)
 
 
 def prefill_instruction() -> str:
-    """The dot-product instruction our prefill rows run on here."""
-    if _C.qmatmul_bf16_native():
+    """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
+    if prompt_rows_in_bf16():
         return "vdpbf16ps"
     return "vpdpbusd" if _C.cpu_features()["avx512_vnni"] and _C.get_isa() == "avx512" else "vpmaddubsw"
 
@@ -120,12 +122,13 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     vocab = llm.engine.loaded.config.vocab_size
     llm.generate({"prompt_token_ids": random_ids(64, 0, vocab)}, SamplingParams(max_tokens=4, ignore_eos=True),
                  use_tqdm=False)  # warm-up
-    bench_args = argparse.Namespace(llama_bin=args.llama_bin, model=str(path), threads=args.threads)
+    bench_args = argparse.Namespace(llama_bin=args.llama_bin, model=str(path), threads=args.threads,
+                                    repetitions=args.repetitions)
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         measured = {"bandwidth": memory_read_bandwidth(), "peak": 2 * _C.dot_peak(instr, args.threads)}
         measured["llama prefill"] = llama_bench_any(bench_args, PREFILL, 0)
-        measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab))
+        measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab), args.repetitions)
         measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE)
         measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
         for key, value in measured.items():
@@ -155,6 +158,8 @@ def main() -> None:
     ap.add_argument("--tools", type=Path, default=TOOLS, help="folder holding make-synthetic-gguf.py")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repetitions", type=int, default=3,
+                    help="per round: llama-bench -r and our prefill runs (each side's median/mean of them)")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
     if unknown := [s for s in shapes if s not in SHAPES]:
@@ -171,6 +176,9 @@ def main() -> None:
     rows = [row for path in files for row in run_file(args, path)]
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
+    if prefill_instruction() != "vdpbf16ps":
+        print("(our int8 prompt rows make two byte products per weight, hi and lo planes: their ceiling is half "
+              "the instruction's peak)")
     print(f"{'model':<28} {'figure':<16} {'llama.cpp':>9} {'ours':>9} {'ratio':>8} {'llama%':>7} {'ours%':>7}   limit")
     print("\n".join(rows))
 

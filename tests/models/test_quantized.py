@@ -11,12 +11,20 @@ import pytest
 import torch
 from helpers.tiny_models import run_greedy
 
-from mindie import LLM, SamplingParams
+from mindie import _C, LLM, SamplingParams
+from mindie.model import llama_quant
 from mindie.model.llama import AttentionMetadata
 from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.loader import default_model_path, load_model
 
 TEXT = (Path(__file__).parent / "data" / "perplexity.txt").read_text()
+# (dtype, prompt-row form): with bfloat16 both forms, whichever the CPU's measured default is (bf16
+# only where the CPU has native bf16 dot products).
+DTYPE_FORMS = [("float32", "int8"), ("bfloat16", "bf16"), ("bfloat16", "int8")]
+
+
+def force_prompt_form(monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    monkeypatch.setattr(llama_quant, "prompt_rows_in_bf16", lambda: form == "bf16" and _C.qmatmul_bf16_native())
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +55,9 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
     return math.exp(-lp.mean().item())
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_perplexity_and_top1_match_the_exact_path(exact, text_ids, dtype):
+@pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
+def test_perplexity_and_top1_match_the_exact_path(exact, text_ids, dtype, form, monkeypatch):
+    force_prompt_form(monkeypatch, form)
     quant = load_model(None, dtype)
     assert isinstance(quant.model, QuantizedLlamaModel)
     want = prompt_logits(exact.model, text_ids)
@@ -100,11 +109,12 @@ def test_hf_checkpoint_quantized_at_load(tiny_llama_dir):
         load_model(None, "float32", "q8_0")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_prompt_and_generated_rows_keep_their_bits_in_mixed_steps(dtype):
-    """In 8-token chunks, the short prompt decodes while the long one is still prefilling (with bf16,
-    its rows take the bf16 path beside the other's int8 decode row): each sequence's tokens and
+@pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
+def test_prompt_and_generated_rows_keep_their_bits_in_mixed_steps(dtype, form, monkeypatch):
+    """In 8-token chunks, the short prompt decodes while the long one is still prefilling (in the bf16
+    form, its rows take the bf16 path beside the other's int8 decode row): each sequence's tokens and
     log-probabilities are the same bits as when it runs alone."""
+    force_prompt_form(monkeypatch, form)
     model = load_model(None, dtype).model
     short, long = list(range(1000, 1005)), list(range(2000, 2037))
     together, together_lp = run_greedy(model, [short, long], 12, block_size=16, chunk=8)
@@ -128,3 +138,18 @@ def test_seeded_request_is_batch_invariant_on_default_settings():
         per = [SamplingParams(max_tokens=8 + i, temperature=0.8, seed=i) for i in range(15)]
         results = llm.generate(batch, per[:position] + [params] + per[position:], use_tqdm=False)
         assert results[position].outputs[0].token_ids == alone
+
+
+def test_prompt_form_is_measured_or_forced(monkeypatch):
+    """Prompt rows are bf16 only where the kernels have native bf16 dot products; there the faster form
+    by the register-only peaks, unless MINDIE_PROMPT_FORM names one; any other value is an error."""
+    decide = llama_quant.prompt_rows_in_bf16.__wrapped__
+    monkeypatch.setenv("MINDIE_PROMPT_FORM", "int8")
+    assert decide() is False
+    monkeypatch.setenv("MINDIE_PROMPT_FORM", "bf16")
+    assert decide() == _C.qmatmul_bf16_native()
+    monkeypatch.setenv("MINDIE_PROMPT_FORM", "fp8")
+    with pytest.raises(ValueError, match="bf16 or int8"):
+        decide()
+    monkeypatch.delenv("MINDIE_PROMPT_FORM")
+    assert decide() in ((True, False) if _C.qmatmul_bf16_native() else (False,))
