@@ -227,3 +227,14 @@ def test_dot_peak_counts_the_instructions_the_cpu_has():
         assert (_C.dot_peak(instruction, _C.get_num_threads(), 0.03) > 0) == present, instruction
     with pytest.raises(ValueError, match="vpdpbusd"):
         _C.dot_peak("vfmadd", 1)
+
+
+def test_large_matrices_pack_to_the_same_bytes_on_huge_pages():
+    """pack_panels puts matrices of more than two 2 MiB pages on memory advised as huge pages: the
+    bytes are those an ordinary buffer gets, and the tensor is a contiguous [rows rounded to 16, row_bytes]."""
+    data, qtype = random_blocks("Q4_0", 16 * 1500 + 3, 4096, 7)
+    packed = ops.pack_panels(data, qtype)
+    plain = torch.empty_like(packed)
+    _C.pack_panels(plain, data, qtype)
+    assert packed.is_contiguous() and packed.shape == (16 * 1501, data.shape[1])
+    assert torch.equal(packed, plain)
