@@ -16,18 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from common import memory_read_bandwidth
+from vs_llamacpp import random_ids
 
-sys.path.insert(0, str(Path(__file__).parent))
-from vs_llamacpp import random_ids  # noqa: E402
-
-from mindie import _C, LLM, ops, SamplingParams  # noqa: E402
-from mindie.engine.request import EngineRequest  # noqa: E402
+from mindie import _C, LLM, SamplingParams, ops
+from mindie.engine.request import EngineRequest
 
 KINDS = [("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")), ("o", ("self_attn.o_proj",)),
          ("gate/up", ("mlp.gate_proj", "mlp.up_proj")), ("down", ("mlp.down_proj",))]

@@ -68,15 +68,32 @@ def engine_options(args: argparse.Namespace) -> dict[str, str]:
 # --- llama.cpp ---------------------------------------------------------------------------------------------------
 
 
-def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int, extra: tuple[str, ...] = ()) -> float:
-    """avg_ts of one llama-bench test (its own warm-up run, then 3 repetitions); `extra` options appended."""
+def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int, extra: tuple[str, ...] = (),
+                repetitions: int = 3) -> float:
+    """avg_ts of one llama-bench test (its own warm-up run, then `repetitions`); `extra` options appended."""
     cmd = [str(args.llama_bin / "llama-bench"), "-m", args.model, "-p", str(n_prompt), "-n", str(n_gen),
-           "-t", str(args.threads), "-r", "3", "-o", "json", *extra]
+           "-t", str(args.threads), "-r", str(repetitions), "-o", "json", *extra]
     out = subprocess.run(cmd, env={**os.environ, "LD_LIBRARY_PATH": str(args.llama_bin)}, capture_output=True,
                          text=True)
     if out.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited with {out.returncode}: {out.stderr[-2000:]}")
     return float(json.loads(out.stdout)[0]["avg_ts"])
+
+
+def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int, repetitions: int = 3) -> float:
+    """llama_bench with llama.cpp's defaults, or, where those crash, without its weight repacking:
+    b11434's repacked (AMX) matmuls end in SIGSEGV or SIGILL at prompt batches on a KVM Sapphire
+    Rapids guest, which `--repack 0` avoids. The fallback is printed, since it may cost llama.cpp speed."""
+    try:
+        return llama_bench(args, n_prompt, n_gen, repetitions=repetitions)
+    except RuntimeError as e:
+        crashes = {"exited with -11:": "SIGSEGV", "exited with -4:": "SIGILL"}
+        signal = next((name for text, name in crashes.items() if text in str(e)), None)
+        if signal is None:
+            raise
+        print(f"  llama-bench -p {n_prompt} -n {n_gen} crashed ({signal}) with its defaults; measured with --repack 0",
+              flush=True)
+        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"), repetitions)
 
 
 def missing_llama(args: argparse.Namespace) -> str | None:
@@ -234,10 +251,10 @@ def main() -> None:
             for r in range(args.rounds):
                 measured: dict[tuple[str, str], float] = {}
                 if not args.skip_llama:
-                    measured["llama", "prefill"] = llama_bench(args, PREFILL, 0)
+                    measured["llama", "prefill"] = llama_bench_any(args, PREFILL, 0)
                 measured["ours", "prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab))
                 if not args.skip_llama:
-                    measured["llama", "decode"] = llama_bench(args, 0, DECODE)
+                    measured["llama", "decode"] = llama_bench_any(args, 0, DECODE)
                 measured["ours", "decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
                 for i, (name, (_, url, _)) in enumerate(servers.items()):
                     prompts = [random_ids(HTTP_IN, 1000 * (r + 1) + 100 * i + k, vocab) for k in range(STREAMS)]

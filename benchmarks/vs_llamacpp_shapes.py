@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 from common import memory_read_bandwidth
-from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench, our_decode, our_prefill, random_ids
+from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench_any, our_decode, our_prefill, random_ids
 
 from mindie import _C, LLM, SamplingParams
 from mindie.model.gguf_header import read_header
@@ -91,20 +91,6 @@ def _qtype_name(qtype: int) -> str:
     return gguf.GGMLQuantizationType(qtype).name
 
 
-def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int) -> float:
-    """llama_bench with llama.cpp's defaults, or, where those crash, without its weight repacking:
-    b11434's repacked matmuls end in SIGSEGV at prompt batches on some AMX machines (a KVM Sapphire
-    Rapids), which `--repack 0` avoids. The fallback is printed, since it may cost llama.cpp speed."""
-    try:
-        return llama_bench(args, n_prompt, n_gen, repetitions=args.repetitions)
-    except RuntimeError as e:
-        if "exited with -11" not in str(e):
-            raise
-        print(f"  llama-bench -p {n_prompt} -n {n_gen} crashed (SIGSEGV) with its defaults; measured with --repack 0",
-              flush=True)
-        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"), args.repetitions)
-
-
 def prefill_instruction() -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
     if prompt_rows_in_bf16():
@@ -122,14 +108,13 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     vocab = llm.engine.loaded.config.vocab_size
     llm.generate({"prompt_token_ids": random_ids(64, 0, vocab)}, SamplingParams(max_tokens=4, ignore_eos=True),
                  use_tqdm=False)  # warm-up
-    bench_args = argparse.Namespace(llama_bin=args.llama_bin, model=str(path), threads=args.threads,
-                                    repetitions=args.repetitions)
+    bench_args = argparse.Namespace(llama_bin=args.llama_bin, model=str(path), threads=args.threads)
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         measured = {"bandwidth": memory_read_bandwidth(), "peak": 2 * _C.dot_peak(instr, args.threads)}
-        measured["llama prefill"] = llama_bench_any(bench_args, PREFILL, 0)
+        measured["llama prefill"] = llama_bench_any(bench_args, PREFILL, 0, args.repetitions)
         measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab), args.repetitions)
-        measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE)
+        measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE, args.repetitions)
         measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
         for key, value in measured.items():
             results.setdefault(key, []).append(value)

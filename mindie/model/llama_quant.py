@@ -22,7 +22,6 @@ from mindie.model.config import ModelConfig
 from mindie.model.llama import AttentionMetadata, rope_cos_sin
 from mindie.model.quantized import QuantizedWeight
 
-
 # The int8 form makes two byte products per weight and value (its hi and lo planes), so it wins on
 # products per second only when its instruction runs more than twice as many as vdpbf16ps; the margin
 # keeps CPUs where the two are even (AMD Zen 4/5: 2 x 64 byte products against 2 x 32 bf16 ones a cycle)

