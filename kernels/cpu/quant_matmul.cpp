@@ -288,11 +288,17 @@ constexpr int64_t kStreamAhead = 2;
 
 // C activation rows against every packed panel as it lies (D::stream), with no staging: the
 // decode path.
+// Calls of fewer weight bytes split into fixed ranges: each claim costs a cache line passed between
+// the cores, which a call of a few microseconds (a 135M model's q/k/v) does not repay.
+constexpr int64_t kClaimedBytes = int64_t{1} << 20;
+
 template <class D, int C>
 void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   const PanelSplit split(a);
   const int64_t blocks = a.k / 32;
-  split.run_claimed([&](int64_t begin, int64_t end) {
+  int64_t bytes = 0;
+  for (int j = 0; j < a.num_targets; ++j) bytes += packed_rows(a.targets[j].w.rows) * a.targets[j].w.row_bytes;
+  const auto body = [&](int64_t begin, int64_t end) {
     split.prefetch(begin, std::min(end, begin + kStreamAhead));
     for (int64_t pi = begin; pi < end; ++pi) {
       const Panel p = split.locate(pi);
@@ -312,7 +318,9 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       });
       store_tile<1>(&p, out, a, 0, C);
     }
-  });
+  };
+  if (bytes >= kClaimedBytes) return split.run_claimed(body);
+  split.run(body);
 }
 
 // Each activation row's planes, scales and sums per 16 and per 32 values, shared by every panel

@@ -126,12 +126,13 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
 def test_decode_rows_do_not_depend_on_which_thread_claims_a_panel(isa, fmt):
-    """At decode the threads claim ranges of panels as they go (a share of what is left, so a thread
-    that is descheduled holds up little): over a matrix of many panels, in a group with a second one,
-    every row of 1 to 8 activation rows gets the bits one thread gives, whatever the thread count."""
-    k = cols_for(fmt)[-1]
+    """At decode the threads claim ranges of panels as they go in calls of 1 MiB or more (a share of
+    what is left, so a thread that is descheduled holds up little): over such a matrix, in a group with
+    a second one, every row of 1 to 8 activation rows gets the bits one thread gives, whatever the
+    thread count."""
+    k = 2048
     group = []
-    for j, rows in enumerate((16 * 37 + 5, 16 * 11)):
+    for j, rows in enumerate((16 * 200 + 5, 16 * 11)):
         data, qtype = random_blocks(fmt, rows, k, 10 + j)
         group.append((qtype, ops.pack_panels(data, qtype), k, rows, True))
     threads = _C.get_num_threads()
