@@ -166,6 +166,18 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[su
     for name, (proc, _, ready) in servers.items():
         deadline, log_path = time.monotonic() + 300, workdir / f"{name}.log"
         while True:
+            crashed = proc.poll() is not None and proc.returncode in (-11, -4)
+            if crashed and name == "llama" and "--no-repack" not in launch[name][0]:
+                # the same crash as llama-bench's repacked matmuls (see llama_bench): again without repacking
+                print(f"  llama-server crashed ({'SIGSEGV' if proc.returncode == -11 else 'SIGILL'}) with its "
+                      "defaults; serving with --no-repack", flush=True)
+                argv, env, _, _ = launch[name]
+                launch[name] = ([*argv, "--no-repack"], env, *launch[name][2:])
+                with open(log_path, "w") as log:
+                    proc = subprocess.Popen(launch[name][0], cwd=workdir, stdout=subprocess.DEVNULL, stderr=log,
+                                            env={**os.environ, **env})
+                servers[name] = (proc, servers[name][1], ready)
+                continue
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
             try:
