@@ -40,9 +40,18 @@ def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     ops.apply_token_bitmask(logits, bitmask, mask_index)
 
 
-def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-    """Adds each request's logit_bias to its row, all rows in one indexed add."""
-    entries = [(r, t, b) for r, s in enumerate(seqs) for t, b in s.request.params.logit_bias]
+def _apply_biases(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Iterable[int]) -> None:
+    """Adds each request's logit_bias to its row, and -inf to the tokens that would end a sample
+    (EOS unless ignored, stop_token_ids) while it has fewer than its min_tokens: all rows in one
+    indexed add."""
+    vocab = logits.shape[-1]
+    entries = []
+    for r, s in enumerate(seqs):
+        p = s.request.params
+        entries += [(r, t, b) for t, b in p.logit_bias]
+        if s.num_output_tokens < p.min_tokens:
+            ending = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            entries += [(r, t, float("-inf")) for t in ending if t < vocab]
     if not entries:
         return
     rows, cols, values = zip(*entries)
@@ -51,25 +60,8 @@ def _apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                           accumulate=True)
 
 
-def _apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Iterable[int]) -> None:
-    """Bans the tokens that would end a sample (EOS unless ignored, stop_token_ids) while it has
-    fewer than its min_tokens."""
-    vocab = logits.shape[-1]
-    entries = []
-    for r, s in enumerate(seqs):
-        p = s.request.params
-        if s.num_output_tokens < p.min_tokens:
-            ending = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-            entries += [(r, t) for t in ending if t < vocab]
-    if entries:
-        rows, cols = zip(*entries)
-        with torch.inference_mode():  # the model's logits are inference tensors
-            logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
-
-
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: Iterable[int] = ()) -> ops.SampleOutput:
-    _apply_logit_bias(logits, seqs)
-    _apply_min_tokens(logits, seqs, eos_token_ids)
+    _apply_biases(logits, seqs, eos_token_ids)
     _apply_grammars(logits, seqs)
     params = [s.request.params for s in seqs]
     temperature = torch.tensor([0.0 if p.greedy else p.temperature for p in params], dtype=torch.float32)
