@@ -78,8 +78,7 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     strict = any(t.function.strict for t in req.tools or ())
     formatted = req.response_format is not None and req.response_format.type != "text"
     guided = one_of(req.guided())
-    if req.tool_choice == "required" or isinstance(req.tool_choice, dict) or formatted or (
-            strict and req.tool_choice != "none"):
+    if tools_support.constrained(req.tool_choice, req.response_format, strict):
         if guided is not None:
             raise APIError(422, f"{guided.param} cannot be combined with response_format, a required or named "
                                 "tool_choice, or strict tools: they constrain the same output", guided.param)

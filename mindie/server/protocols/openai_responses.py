@@ -82,9 +82,9 @@ async def _constraint(ctx: Serving, by_name: dict[str, dict[str, Any] | None], t
                       fmt: ResponseFormat | None, strict: bool, max_tokens: int | None) -> Grammar | None:
     """The grammar the output must follow, as the chat route decides it, and a 400 when
     max_output_tokens is too small for any output that follows it."""
-    calls = tool_choice == "required" or isinstance(tool_choice, dict)
-    if not (calls or fmt is not None or (strict and tool_choice != "none")):
+    if not tools_support.constrained(tool_choice, fmt, strict):
         return None
+    calls = tool_choice == "required" or isinstance(tool_choice, dict)
     return await compile_checked(
         ctx, lambda: tools_support.constraint(ctx.grammars, by_name, tool_choice, fmt, strict), max_tokens,
         "text.format" if fmt is not None and not calls else "the tool call", budget_param="max_output_tokens")

@@ -108,6 +108,14 @@ def check_tools(tools: list[Any] | None, tool_choice: Any) -> dict[str, dict[str
     return by_name
 
 
+def constrained(tool_choice: Any, response_format: Any, strict: bool) -> bool:
+    """Whether `constraint` has a grammar for these: a call is required or named, a format is
+    asked for, or a strict tool may be called."""
+    formatted = response_format is not None and response_format.type != "text"
+    return tool_choice == "required" or isinstance(tool_choice, dict) or formatted or (
+        strict and tool_choice != "none")
+
+
 def constraint(compiler: GrammarCompiler, tools: dict[str, dict[str, Any] | None], tool_choice: Any,
                response_format: Any, strict: bool = False) -> Grammar | None:
     """The grammar the output must follow, if any (compiling can take a while: call it off the
