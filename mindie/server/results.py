@@ -80,8 +80,11 @@ class Result:
         cumulative log-probability, re-indexed."""
         if len(self.samples) == n:
             return self.samples
-        chosen = sorted(self.samples, key=lambda s: s.cumulative_logprob, reverse=True)[:n]
-        return [dataclasses.replace(s, index=i) for i, s in enumerate(chosen)]
+        return [dataclasses.replace(s, index=i) for i, s in enumerate(self.ranked()[:n])]
+
+    def ranked(self) -> list[SampleResult]:
+        """The samples, highest cumulative log-probability first (best_of's order)."""
+        return sorted(self.samples, key=lambda s: s.cumulative_logprob, reverse=True)
 
     @property
     def _longest(self) -> SampleResult:

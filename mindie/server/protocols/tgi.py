@@ -140,7 +140,7 @@ class TGIRenderer(Renderer):
 
     def whole(self, results: list[Result]) -> Any:
         result = results[0]
-        s, *others = sorted(result.samples, key=lambda x: x.cumulative_logprob, reverse=True)
+        s, *others = result.ranked()
         body: dict[str, Any] = {"generated_text": self.prefix + s.text}
         if self.p.details or self.p.decoder_input_details:
             details = self._details(result, s, self.p.decoder_input_details)
