@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
+import httpx
 import torch
 
 
@@ -31,3 +36,26 @@ def memory_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
 
 def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*options: str) -> tuple[subprocess.Popen, str, str]:
+    """`mindie serve` with `options` in a subprocess on free loopback ports, once healthy: the
+    process, the business URL and the management URL. The caller terminates it."""
+    port, mport = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mindie", "serve", *options, "--host", "127.0.0.1",
+                               "--port", str(port), "--management-host", "127.0.0.1", "--management-port", str(mport),
+                               "--metrics-port", str(free_port())], stderr=subprocess.DEVNULL, env={**os.environ})
+    url, mgmt = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
+    for _ in range(1200):
+        try:
+            if httpx.get(mgmt + "/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, url, mgmt

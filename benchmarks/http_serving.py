@@ -14,15 +14,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 import httpx
 import torch
+from common import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -101,12 +99,6 @@ async def drive(url: str, mgmt: str, ids: list[list[int]], n_out: int) -> dict[s
             "client_cpu": client_cpu / wall}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=32)
@@ -117,22 +109,12 @@ def main() -> None:
     ids = prompts(args.requests, args.prompt_tokens, 49152)
     offline = Offline()
     offline.run(ids[:1], 4)
-    port, mport = free_port(), free_port()
     # prefix caching off on both sides: the rounds repeat the same prompts, and the work must be the same
     config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     json.dump({"BackendConfig": {"ScheduleConfig": {"enablePrefixCache": False}}}, config)
     config.close()
-    server = subprocess.Popen([sys.executable, "-m", "mindie", "serve", "--config", config.name, "--host", "127.0.0.1",
-                               "--port", str(port), "--management-host", "127.0.0.1", "--management-port", str(mport),
-                               "--metrics-port", str(free_port())], stderr=subprocess.DEVNULL, env={**os.environ})
-    url, mgmt = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
+    server, url, mgmt = start_server("--config", config.name)
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(mgmt + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         asyncio.run(drive(url, mgmt, ids[:1], 8))  # warm-up
         r = asyncio.run(drive(url, mgmt, ids[:1], args.output_tokens))
         print(f"HTTP  1 stream : {r['tok_s']:6.1f} output tok/s  TTFT {r['ttft50'] * 1e3:7.1f} ms  ITL p50 "

@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
+from common import start_server
 
 MODEL = "SmolLM2-135M-Instruct"
 NAMES = ["Tom", "Ann", "Mia", "Carl", "Lena", "Omar", "Sara", "Ivan", "Yuki", "Paul"]
 SYSTEM = "Extract the facts from the user's sentence."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def schema(fields: list[str]) -> dict:
@@ -60,18 +50,8 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     facts = [(NAMES[i % len(NAMES)], rng.randint(2, 90), rng.randint(1, 9)) for i in range(args.facts)]
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "mindie", "serve", "--host", "127.0.0.1", "--port", str(port),
-                               "--management-host", "127.0.0.1", "--management-port", str(free_port()),
-                               "--metrics-port", str(free_port())], stderr=subprocess.DEVNULL, env={**os.environ})
-    url = f"http://127.0.0.1:{port}"
+    server, url, _ = start_server()
     try:
-        for _ in range(1200):
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         ways = {"one field at a time": [["age"], ["cats"]], "fields [age, cats, name]": [["age", "cats", "name"]],
                 "fields [name, age, cats]": [["name", "age", "cats"]]}
         print(f"{args.facts} facts 'NAME is AGE years old and has CATS cats.', temperature 0, {MODEL}")

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from common import memory_read_bandwidth
+from common import free_port, memory_read_bandwidth
 
 from mindie import _C, LLM, SamplingParams
 from mindie.engine.request import EngineRequest
@@ -53,12 +52,6 @@ def cpu_summary() -> str:
 def random_ids(n: int, seed: int, vocab: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(100, vocab, (n,), generator=gen).tolist()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, str]:
