@@ -37,8 +37,22 @@ def test_pydantic_ai_openai_model(openai_env):
 
     answer = Agent(f"openai:{MODEL}", model_settings={"temperature": 0, "max_tokens": 40}).run_sync(QUESTION)
     assert answer.output == responses_text(openai_env, {"input": QUESTION, "temperature": 0, "max_output_tokens": 40})
-    typed = Agent(f"openai:{MODEL}", output_type=City, model_settings={"temperature": 0, "max_tokens": 80})
-    assert isinstance(typed.run_sync("Paris has 2100000 people.").output, City)
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    replies: list[dict] = []
+
+    async def keep(response: httpx.Response) -> None:
+        await response.aread()
+        replies.append(response.json())
+
+    client = openai.AsyncOpenAI(base_url=openai_env.url + "/v1", api_key="unused",
+                                http_client=httpx.AsyncClient(event_hooks={"response": [keep]}))
+    model = OpenAIResponsesModel(MODEL, provider=OpenAIProvider(openai_client=client))
+    typed = Agent(model, output_type=City, model_settings={"temperature": 0, "max_tokens": 80})
+    city = typed.run_sync("Paris has 2100000 people.").output
+    (call,) = [item for item in replies[-1]["output"] if item["type"] == "function_call"]
+    assert isinstance(city, City) and city.model_dump() == json.loads(call["arguments"])  # the server's call, read
 
 
 def test_langchain_responses_api_and_a_tool_without_required(openai_env):
