@@ -5,8 +5,8 @@
 // offset[i / 16] exactly as the gguf package dequantizes. Every format but Q8_0 stages q unsigned (0
 // to at most 63) with its zero point moved into the offset (Q4_0: q - 8 becomes q and -8 * scale):
 // the unsigned-by-signed byte products (vpdpbusd, vpmaddubsw) then take q as it is, without the sign
-// juggling that signed q costs per product. Only staging differs per format; the dot-product kernels
-// see staged rows alone.
+// juggling that signed q costs per product. Only the decoding differs per format, written once
+// (quant_decode.h) for every reader; the dot-product kernels see staged values alone.
 //
 // Activations are quantized per row in blocks of 32 to two int8 planes, x ~= d * (128 * hi + lo): hi
 // as llama.cpp's Q8 activations (127 steps of the block's largest magnitude), lo the rounding error of
@@ -108,19 +108,6 @@ constexpr uint32_t spread_qh(uint32_t qh) {
 }
 // `src` (row layout) into out [packed_rows(rows), row_bytes].
 void pack_panels(const QMatrix& src, uint8_t* out);
-// Row `row` of a packed matrix in the row layout: row_bytes bytes into out.
-void unpack_panel_row(const QMatrix& w, int64_t row, uint8_t* out);
-
-// Staged rows [first_row, first_row + num_rows) of a matrix; arrays are [num_rows, cols],
-// [num_rows, cols / 16] and [num_rows, cols / 16], rows back to back.
-struct StageArgs {
-  QMatrix w;
-  int64_t first_row;
-  int64_t num_rows;
-  int8_t* q;
-  float* scale;   // per 16 values
-  float* offset;  // per 16 values
-};
 
 // out[r, i] = scale * q + offset of rows [first_row, first_row + num_rows), float32.
 struct DequantizeArgs {
@@ -175,14 +162,13 @@ struct QMatmulArgs {
 // (AVX512-BF16), so that qmatmul's bf16 input is the fast choice rather than a slow emulation.
 bool qmatmul_bf16_native();
 
-void stage_rows(const StageArgs& args);
 void dequantize_rows(const DequantizeArgs& args);
 void quantize_activations(const QuantizeActivationsArgs& args);
 void round_to_bf16(const RoundToBf16Args& args);
 void qmatmul(const QMatmulArgs& args);
 
 #define MINDIE_QUANT_KERNELS(X)                                                           \
-  X(stage_rows, StageArgs) X(dequantize_rows, DequantizeArgs) X(quantize_activations, QuantizeActivationsArgs) \
+  X(dequantize_rows, DequantizeArgs) X(quantize_activations, QuantizeActivationsArgs) \
   X(round_to_bf16, RoundToBf16Args) X(qmatmul, QMatmulArgs)
 
 }  // namespace mindie::kernels::cpu

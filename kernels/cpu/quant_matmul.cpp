@@ -8,7 +8,6 @@
 // (Int8Panel::stream), to the same sums in the same order.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -21,51 +20,6 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-// A packed panel (see quant.h) staged: its runs are already the panel layout's lanes, Q4's two
-// nibbles apart. Prefetches `next`, a panel of the same shape, block by block.
-template <QFormat F>
-void stage_packed(const uint8_t* panel, const uint8_t* next, int64_t blocks, int8_t* q, float* scale, float* offset) {
-  constexpr int64_t kQuant = packed_unit(F).run_bytes, kHeader = packed_unit(F).header_bytes;
-  for (int64_t b = 0; b < blocks; ++b) {
-    if (next != nullptr)
-      for (int64_t off = b * (kQuant + kHeader); off < (b + 1) * (kQuant + kHeader); off += 64) __builtin_prefetch(next + off);
-    const uint8_t* h = panel + blocks * kQuant + b * kHeader;
-    for (int r = 0; r < kPanelRows; ++r) {
-      const float d = half_to_float(h + 2 * r);
-      const float o = F == QFormat::kQ4_1 ? half_to_float(h + 2 * kPanelRows + 2 * r) : F == QFormat::kQ4_0 ? -8.f * d : 0.f;
-      for (int g = 0; g < 2; ++g) {
-        scale[(2 * b + g) * kPanelRows + r] = d;
-        offset[(2 * b + g) * kPanelRows + r] = o;
-      }
-    }
-    const uint8_t* src = panel + b * kQuant;
-    int8_t* dst = q + 2 * b * kPanelGroupBytes;
-    if constexpr (F == QFormat::kQ8_0) {
-      std::memcpy(dst, src, 2 * kPanelGroupBytes);
-    } else {
-      for (int64_t i = 0; i < kPanelGroupBytes; ++i) {
-        dst[i] = static_cast<int8_t>(src[i] & 0x0F);
-        dst[kPanelGroupBytes + i] = static_cast<int8_t>(src[i] >> 4);
-      }
-    }
-  }
-}
-
-// f(std::integral_constant<QFormat, format>): kernels specialised per format, picked at run time.
-template <class F>
-void with_format(QFormat format, F&& f) {
-  switch (format) {
-    case QFormat::kQ4_0: return f(std::integral_constant<QFormat, QFormat::kQ4_0>{});
-    case QFormat::kQ4_1: return f(std::integral_constant<QFormat, QFormat::kQ4_1>{});
-    case QFormat::kQ5_0: return f(std::integral_constant<QFormat, QFormat::kQ5_0>{});
-    case QFormat::kQ5_1: return f(std::integral_constant<QFormat, QFormat::kQ5_1>{});
-    case QFormat::kQ8_0: return f(std::integral_constant<QFormat, QFormat::kQ8_0>{});
-    case QFormat::kQ4_K: return f(std::integral_constant<QFormat, QFormat::kQ4_K>{});
-    case QFormat::kQ5_K: return f(std::integral_constant<QFormat, QFormat::kQ5_K>{});
-    case QFormat::kQ6_K: return f(std::integral_constant<QFormat, QFormat::kQ6_K>{});
-  }
-}
-
 // Sixteen rows read side by side are sixteen streams, which the hardware prefetcher picks up late
 // (at every matrix start, and again and again in small ones). A thread asks for its first panels
 // at once; staging a panel then prefetches, block by block, the panel it stages next.
@@ -73,65 +27,32 @@ int64_t panel_bytes(const QMatrix& w, int64_t row0) {
   return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
 }
 
-// A packed panel of an unsigned-q format through the variant's block decoding (Int8Panel::stage),
-// which the streaming kernels share; false where the variant has none (scalar) or for Q8_0.
-template <class D = Int8Panel<true>>
-bool stage_decoded(const QMatrix& w, int64_t row0, const uint8_t* next, int8_t* q, float* scale, float* offset) {
-  if constexpr (D::kStreamCols == 0) {
-    return false;
-  } else {
-    const uint8_t* at = w.data + row0 * w.row_bytes;
-    const int64_t blocks = w.cols / 32, step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
-    bool staged = false;
-    with_format(w.format, [&](auto format) {
-      if constexpr (decltype(format)::value != QFormat::kQ8_0) {  // signed q: stage_packed's alone
-        for (int64_t b = 0; b < blocks; ++b) {
-          if (next != nullptr)
-            for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
-          D::template stage<decltype(format)::value>(at, blocks, b, q, scale, offset);
-        }
-        staged = true;
-      }
-    });
-    return staged;
-  }
-}
-
-// One staged panel: a packed Q4_0 / Q4_1 / Q8_0 one through stage_packed, else the rows as
-// stage_rows writes them (unpacking a packed panel's rows), then transposed into the panel layout.
+// One staged panel: its blocks decoded into the panel layout (stage_block), a matrix in the row layout
+// packed first. Prefetches `next`, a packed panel of the same shape, block by block.
 struct PanelBuffer {
-  std::vector<int8_t> row_q, q;
-  std::vector<float> row_scale, row_offset, scale, offset;
+  std::vector<uint8_t> packed;
+  std::vector<int8_t> q;
+  std::vector<float> scale, offset;
 
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
-    const int64_t k = w.cols, groups = k / 16;
-    const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, w.rows - row0));
+    const int64_t groups = w.cols / 16, blocks = w.cols / 32;
     q.resize(groups * kPanelGroupBytes);
     scale.resize(groups * kPanelRows);
     offset.resize(groups * kPanelRows);
-    const uint8_t* at = w.data + row0 * w.row_bytes;
-    if (w.panels && w.format == QFormat::kQ4_0) return stage_packed<QFormat::kQ4_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
-    if (w.panels && w.format == QFormat::kQ4_1) return stage_packed<QFormat::kQ4_1>(at, next, k / 32, q.data(), scale.data(), offset.data());
-    if (w.panels && w.format == QFormat::kQ8_0) return stage_packed<QFormat::kQ8_0>(at, next, k / 32, q.data(), scale.data(), offset.data());
-    if (w.panels && stage_decoded(w, row0, next, q.data(), scale.data(), offset.data())) return;
-    row_q.resize(kPanelRows * k);
-    row_scale.resize(kPanelRows * groups);
-    row_offset.resize(kPanelRows * groups);
-    stage_rows({w, row0, rows, row_q.data(), row_scale.data(), row_offset.data()});
-    if (rows < kPanelRows) {
-      std::fill(row_q.begin() + rows * k, row_q.end(), 0);
-      std::fill(row_scale.begin() + rows * groups, row_scale.end(), 0.f);
-      std::fill(row_offset.begin() + rows * groups, row_offset.end(), 0.f);
+    const uint8_t* panel = w.data + row0 * w.row_bytes;
+    if (!w.panels) {
+      packed.resize(kPanelRows * w.row_bytes);
+      pack_panels({panel, std::min<int64_t>(kPanelRows, w.rows - row0), w.cols, w.row_bytes, w.format}, packed.data());
+      panel = packed.data();
     }
-    for (int64_t j = 0; j < groups; ++j) {
-      int8_t* dst = q.data() + j * kPanelGroupBytes;
-      for (int v = 0; v < 4; ++v)
-        for (int r = 0; r < kPanelRows; ++r) std::memcpy(dst + v * 64 + r * 4, row_q.data() + r * k + 16 * j + 4 * v, 4);
-      for (int r = 0; r < kPanelRows; ++r) {
-        scale[j * kPanelRows + r] = row_scale[r * groups + j];
-        offset[j * kPanelRows + r] = row_offset[r * groups + j];
+    const int64_t step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
+    with_format(w.format, [&](auto format) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        if (next != nullptr)
+          for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
+        stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q.data(), scale.data(), offset.data());
       }
-    }
+    });
   }
   PanelRef ref() const { return {q.data(), scale.data(), offset.data()}; }
 };

@@ -22,16 +22,14 @@
 #include <utility>
 
 #include "cpu/quant.h"
+#include "cpu/quant_decode.h"
 #include "cpu/vec.h"
 
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
-// A panel: weight rows [row0, row0 + 16) side by side. For 16-value group j, q holds four 64-byte
-// vectors whose 4-byte lane r is values 4v..4v+3 of the group in row r (kPanelGroupBytes per group),
-// scale and offset hold the group's 16 row values. Rows past the matrix's end are zero.
-constexpr int kPanelRows = kPackRows;  // a staged panel holds the rows of a packed one
-constexpr int64_t kPanelGroupBytes = 16 * kPanelRows;
+// A staged panel (quant_decode.h's layout): its int8 values, and a scale and offset per 16-value
+// group and row.
 struct PanelRef {
   const int8_t* q;
   const float* scale;
@@ -52,47 +50,6 @@ struct ActRef {
   template <int S>
   float sum(int64_t span) const { return S == 2 ? sum32[span] : sum16[span]; }
 };
-
-// Block decoding helpers (quant_stage.cpp): 16 bytes of nibbles to 32 int8 values (low nibbles first);
-// and a GGUF half-precision scale.
-#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
-inline void unpack_nibbles(const uint8_t* qs, int8_t* q) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_and_si128(v, mask));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
-}
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-#else
-inline void unpack_nibbles(const uint8_t* qs, int8_t* q) {
-  for (int i = 0; i < 16; ++i) {
-    q[i] = static_cast<int8_t>(qs[i] & 0x0F);
-    q[i + 16] = static_cast<int8_t>(qs[i] >> 4);
-  }
-}
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_float(h);
-}
-#endif
-
-// f(std::integral_constant<int, J>{}) for J = 0, 1, ... in order: the blocks of a unit unrolled, so that
-// a block's place in its unit (which bytes and bits hold its values and scales) is a constant and its
-// shifts are immediates rather than the two-uop variable-count forms.
-template <class Fn, int... J>
-inline void each_block(Fn&& f, std::integer_sequence<int, J...>) {
-  (f(std::integral_constant<int, J>{}), ...);
-}
-// The same for the one block j given at run time.
-template <class Fn, int... J>
-inline void at_block(int j, Fn&& f, std::integer_sequence<int, J...>) {
-  ((j == J ? f(std::integral_constant<int, J>{}) : void()), ...);
-}
 
 #if defined(MINDIE_ISA_AVX512)
 
@@ -161,175 +118,66 @@ struct Int8Panel {
   }
 
   // Few activation rows (decode): a packed panel (see quant.h) read as it lies. Vector u[v] holds
-  // values 4v..4v+3 of a block's 16 rows, one row per lane, and meets 4 activation values broadcast
-  // to every lane, as tile() meets a staged panel: the span sums are tile()'s exact int32 values and
-  // the float chain is tile()'s, so a row gets the same bits whichever of the two computes it.
+  // values 4v..4v+3 of a block's 16 rows, one row per lane (decode_block), and meets 4 activation
+  // values broadcast to every lane, as tile() meets a staged panel: the span sums are tile()'s exact
+  // int32 values and the float chain is tile()'s, so a row gets the same bits whichever of the two
+  // computes it.
   static constexpr int kStreamCols = 8;
-
-  static __m512i run(const uint8_t* runs, int t) { return _mm512_loadu_si512(runs + 64 * t); }
-  static __m512i bytes(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
-  // Low (shift 0) or high (shift 4) nibbles of each byte.
-  static __m512i nibbles(__m512i w, int shift) { return _mm512_and_si512(shift ? _mm512_srli_epi16(w, 4) : w, bytes(0x0F)); }
-  // Bit `from` of each byte moved to bit `to` (and the byte's other bits kept where `mask` clears them).
-  static __m512i bit_to(__m512i w, int from, int to, int mask) {
-    const __m512i moved = to >= from ? _mm512_slli_epi32(w, to - from) : _mm512_srli_epi32(w, from - to);
-    return _mm512_and_si512(moved, bytes(mask));
-  }
-  // Field `field` of a unit's headers: 16 halves.
-  static __m512 halves(const uint8_t* headers, int field) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(headers + 32 * field)));
-  }
-  // Byte `byte` of each lane, zero- or sign-extended.
-  static __m512i lane_byte(__m512i w, int byte) { return _mm512_and_si512(_mm512_srli_epi32(w, 8 * byte), _mm512_set1_epi32(0xFF)); }
-  static __m512i lane_sbyte(__m512i w, int byte) { return _mm512_srai_epi32(_mm512_slli_epi32(w, 24 - 8 * byte), 24); }
-  static __m512 negate(__m512 v) { return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))); }
-
-  // Block j of a packed unsigned-q unit (runs, headers): u[v] as above, and per span of 16 * S values
-  // (S = 2: s[0], o[0]; S = 1: s[0..1], o[0..1]) the rows' scale and offset as stage_rows gives them.
-  template <QFormat F, int j>
-  static void decode(const uint8_t* runs, const uint8_t* headers, __m512i* u, __m512* s, __m512* o) {
-    if constexpr (F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ5_0 || F == QFormat::kQ5_1) {
-      constexpr bool kFifth = F == QFormat::kQ5_0 || F == QFormat::kQ5_1;
-      const int first = kFifth ? 1 : 0;  // Q5's spread qh is run 0
-      for (int v = 0; v < 4; ++v) {
-        const __m512i w = run(runs, first + v);
-        u[v] = nibbles(w, 0);
-        u[v + 4] = nibbles(w, 4);
-        if constexpr (kFifth) {
-          u[v] = _mm512_or_si512(u[v], bit_to(run(runs, 0), v, 4, 0x10));
-          u[v + 4] = _mm512_or_si512(u[v + 4], bit_to(run(runs, 0), v + 4, 4, 0x10));
-        }
-      }
-      s[0] = halves(headers, 0);
-      if constexpr (F == QFormat::kQ4_1 || F == QFormat::kQ5_1) o[0] = halves(headers, 1);
-      else o[0] = _mm512_mul_ps(s[0], _mm512_set1_ps(F == QFormat::kQ4_0 ? -8.f : -16.f));
-    } else if constexpr (F == QFormat::kQ4_K || F == QFormat::kQ5_K) {
-      // Runs 0-2: the 12 bytes of 6-bit scales and mins (scale_min_k4); Q5_K's qh: runs 3-10.
-      const __m512i w0 = run(runs, 0), w1 = run(runs, 1), w2 = run(runs, 2);
-      __m512i sc, m;
-      if constexpr (j < 4) {
-        sc = _mm512_and_si512(lane_byte(w0, j), _mm512_set1_epi32(63));
-        m = _mm512_and_si512(lane_byte(w1, j), _mm512_set1_epi32(63));
-      } else {
-        const __m512i hi0 = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(w0, j - 4), 6), 4);
-        const __m512i hi1 = _mm512_slli_epi32(_mm512_srli_epi32(lane_byte(w1, j - 4), 6), 4);
-        sc = _mm512_or_si512(_mm512_and_si512(lane_byte(w2, j - 4), _mm512_set1_epi32(0x0F)), hi0);
-        m = _mm512_or_si512(_mm512_srli_epi32(lane_byte(w2, j - 4), 4), hi1);
-      }
-      s[0] = _mm512_mul_ps(halves(headers, 0), _mm512_cvtepi32_ps(sc));
-      o[0] = negate(_mm512_mul_ps(halves(headers, 1), _mm512_cvtepi32_ps(m)));
-      constexpr int first = F == QFormat::kQ5_K ? 11 : 3;
-      for (int v = 0; v < 8; ++v) {
-        u[v] = nibbles(run(runs, first + 8 * (j / 2) + v), 4 * (j % 2));
-        if constexpr (F == QFormat::kQ5_K) u[v] = _mm512_or_si512(u[v], bit_to(run(runs, 3 + v), j, 4, 0x10));
-      }
-    } else {
-      static_assert(F == QFormat::kQ6_K);
-      // Runs 0-31: ql, 32-47: qh, 48-51: the 16 int8 scales. Block j = 4h + g.
-      constexpr int h = j / 4, g = j % 4;
-      for (int v = 0; v < 8; ++v)
-        u[v] = _mm512_or_si512(nibbles(run(runs, 16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
-                               bit_to(run(runs, 32 + 8 * h + v), 2 * g, 4, 0x30));
-      const __m512i scales = run(runs, 48 + 2 * h + g / 2);
-      for (int e = 0; e < 2; ++e) {
-        s[e] = _mm512_mul_ps(halves(headers, 0), _mm512_cvtepi32_ps(lane_sbyte(scales, 2 * (g % 2) + e)));
-        o[e] = _mm512_mul_ps(_mm512_set1_ps(-32.f), s[e]);
-      }
-    }
-  }
-
-  // Block b of a packed unsigned-q panel staged (see PanelRef): u[0..7] are the runs of 16-value
-  // groups 2b and 2b + 1 as they lie.
-  template <QFormat F>
-  static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    constexpr PackedUnit kUnit = packed_unit(F);
-    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
-    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
-    const int64_t unit = b / kUnitBlocks;
-    __m512i u[8];
-    __m512 s[2], o[2];
-    at_block(static_cast<int>(b % kUnitBlocks), [&](auto j) {
-      decode<F, decltype(j)::value>(panel + unit * kRunBytes, panel + blocks / kUnitBlocks * kRunBytes + unit * kHeaderBytes,
-                                    u, s, o);
-    }, std::make_integer_sequence<int, kUnitBlocks>{});
-    for (int v = 0; v < 8; ++v) _mm512_storeu_si512(q + 2 * b * kPanelGroupBytes + 64 * v, u[v]);
-    for (int g = 0; g < 2; ++g) {
-      _mm512_storeu_ps(scale + (2 * b + g) * kPanelRows, s[S == 2 ? 0 : g]);
-      _mm512_storeu_ps(offset + (2 * b + g) * kPanelRows, o[S == 2 ? 0 : g]);
-    }
-  }
 
   // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
   // pf_step bytes per block.
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr PackedUnit kUnit = packed_unit(F);
-    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
-    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
-    const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
+    constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
     const __m512i z = _mm512_setzero_si512();
     __m512 f[C];
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
     for (int64_t unit = 0; unit < blocks / kUnitBlocks; ++unit) {
-      const uint8_t* runs = panel + unit * kRunBytes;
-      const uint8_t* h = headers + unit * kHeaderBytes;
       each_block([&](auto j) {
         const int64_t b = unit * kUnitBlocks + decltype(j)::value;
         // Into L2 (prefetcht1), not L1: panels ahead do not fit beside the one being read, and the L1
         // fill buffers stay free for the demand loads (9-15% more GB/s from memory than prefetcht0).
         for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p, 0, 2);
         pf += pf_step;
-        if constexpr (F == QFormat::kQ8_0) {
-          // Signed values: as |q| against activations carrying q's sign (exact, as tile() does).
-          const __m512 d = halves(h, 0);
-          __m512i u[8];
-          __mmask64 neg[8];
-          for (int v = 0; v < 8; ++v) {
-            const __m512i w = run(runs, v);
-            neg[v] = _mm512_movepi8_mask(w);
-            u[v] = _mm512_abs_epi8(w);
+        const UnitAt at = unit_at<F>(panel, blocks, unit, 0);
+        __m512i u[8];
+        __m512 sc[2], off[2];
+        decode_block<Lanes, F, decltype(j)::value>(at.runs, at.headers, u, sc, off);
+        __m512i wq[8];
+        __mmask64 neg[8];
+        for (int v = 0; v < 8; ++v) {
+          wq[v] = u[v];
+          // Signed values (Q8_0): as |q| against activations carrying q's sign (exact, as tile() does).
+          if constexpr (F == QFormat::kQ8_0) {
+            neg[v] = _mm512_movepi8_mask(u[v]);
+            wq[v] = _mm512_abs_epi8(u[v]);
           }
-          for (int c = 0; c < C; ++c) {
-            __m512i acc[2][2] = {{z, z}, {z, z}};
-            for (int plane = 0; plane < 2; ++plane) {
-              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-              for (int v = 0; v < 8; ++v) {
-                const __m512i sv = broadcast4(a + 4 * v);
-                acc[plane][v % 2] = dot(acc[plane][v % 2], u[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
-              }
+        }
+        for (int c = 0; c < C; ++c) {
+          // Two chains per plane (S = 2) or one per span (S = 1): the int32 sums are exact, so their
+          // order does not matter.
+          __m512i acc[2][2] = {{z, z}, {z, z}};
+          for (int plane = 0; plane < 2; ++plane) {
+            const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+            for (int v = 0; v < 8; ++v) {
+              const int chain = S == 2 ? v % 2 : v / 4;
+              const __m512i sv = broadcast4(a + 4 * v);
+              if constexpr (F == QFormat::kQ8_0) acc[plane][chain] = dot(acc[plane][chain], wq[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
+              else acc[plane][chain] = dot(acc[plane][chain], wq[v], sv);
             }
+          }
+          const __m512 xd = _mm512_set1_ps(x[c].d[b]);
+          if constexpr (S == 2) {
             const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
                                                  _mm512_add_epi32(acc[1][0], acc[1][1]));
-            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(x[c].d[b])), f[c]);
-          }
-        } else {
-          __m512i u[8];
-          __m512 sc[2], off[2];
-          decode<F, decltype(j)::value>(runs, h, u, sc, off);
-          for (int c = 0; c < C; ++c) {
-            // Two chains per plane (S = 2) or one per span (S = 1): the int32 sums are exact, so their
-            // order does not matter.
-            __m512i acc[2][2] = {{z, z}, {z, z}};
-            for (int plane = 0; plane < 2; ++plane) {
-              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-              for (int v = 0; v < 8; ++v) {
-                const int chain = S == 2 ? v % 2 : v / 4;
-                acc[plane][chain] = dot(acc[plane][chain], u[v], broadcast4(a + 4 * v));
-              }
-            }
-            const __m512 xd = _mm512_set1_ps(x[c].d[b]);
-            if constexpr (S == 2) {
-              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
-                                                   _mm512_add_epi32(acc[1][0], acc[1][1]));
-              f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[0], xd), f[c]);
-              f[c] = _mm512_fmadd_ps(off[0], _mm512_set1_ps(x[c].sum32[b]), f[c]);
-            } else {
-              for (int e = 0; e < 2; ++e) {
-                const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[0][e], 7), acc[1][e]);
-                f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[e], xd), f[c]);
-                f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x[c].sum16[2 * b + e]), f[c]);
-              }
+            f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[0], xd), f[c]);
+            if constexpr (F != QFormat::kQ8_0) f[c] = _mm512_fmadd_ps(off[0], _mm512_set1_ps(x[c].sum32[b]), f[c]);
+          } else {
+            for (int e = 0; e < 2; ++e) {
+              const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[0][e], 7), acc[1][e]);
+              f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[e], xd), f[c]);
+              f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x[c].sum16[2 * b + e]), f[c]);
             }
           }
         }
@@ -430,150 +278,60 @@ struct Int8Panel {
   // 8h + 7 are the 32 bytes at 32h of each 64-byte run and the 8 halves at 16h of each header field.
   static constexpr int kStreamCols = 8;
 
-  static __m256i run(const uint8_t* runs, int t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(runs + 64 * t)); }
-  static __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
-  static __m256i nibbles(__m256i w, int shift) { return _mm256_and_si256(shift ? _mm256_srli_epi16(w, 4) : w, bytes(0x0F)); }
-  static __m256i bit_to(__m256i w, int from, int to, int mask) {
-    const __m256i moved = to >= from ? _mm256_slli_epi32(w, to - from) : _mm256_srli_epi32(w, from - to);
-    return _mm256_and_si256(moved, bytes(mask));
-  }
-  static __m256 halves(const uint8_t* headers, int field) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(headers + 32 * field)));
-  }
-  static __m256i lane_byte(__m256i w, int byte) { return _mm256_and_si256(_mm256_srli_epi32(w, 8 * byte), _mm256_set1_epi32(0xFF)); }
-  static __m256i lane_sbyte(__m256i w, int byte) { return _mm256_srai_epi32(_mm256_slli_epi32(w, 24 - 8 * byte), 24); }
-  static __m256 negate(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.f)); }
-
-  // As the AVX-512 decode, for the 8 rows whose runs and headers start at `runs` and `headers`.
-  template <QFormat F>
-  static void decode(const uint8_t* runs, const uint8_t* headers, int j, __m256i* u, __m256* s, __m256* o) {
-    if constexpr (F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ5_0 || F == QFormat::kQ5_1) {
-      constexpr bool kFifth = F == QFormat::kQ5_0 || F == QFormat::kQ5_1;
-      const int first = kFifth ? 1 : 0;
-      for (int v = 0; v < 4; ++v) {
-        const __m256i w = run(runs, first + v);
-        u[v] = nibbles(w, 0);
-        u[v + 4] = nibbles(w, 4);
-        if constexpr (kFifth) {
-          u[v] = _mm256_or_si256(u[v], bit_to(run(runs, 0), v, 4, 0x10));
-          u[v + 4] = _mm256_or_si256(u[v + 4], bit_to(run(runs, 0), v + 4, 4, 0x10));
-        }
-      }
-      s[0] = halves(headers, 0);
-      if constexpr (F == QFormat::kQ4_1 || F == QFormat::kQ5_1) o[0] = halves(headers, 1);
-      else o[0] = _mm256_mul_ps(s[0], _mm256_set1_ps(F == QFormat::kQ4_0 ? -8.f : -16.f));
-    } else if constexpr (F == QFormat::kQ4_K || F == QFormat::kQ5_K) {
-      const __m256i w0 = run(runs, 0), w1 = run(runs, 1), w2 = run(runs, 2);
-      __m256i sc, m;
-      if (j < 4) {
-        sc = _mm256_and_si256(lane_byte(w0, j), _mm256_set1_epi32(63));
-        m = _mm256_and_si256(lane_byte(w1, j), _mm256_set1_epi32(63));
-      } else {
-        const __m256i hi0 = _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(w0, j - 4), 6), 4);
-        const __m256i hi1 = _mm256_slli_epi32(_mm256_srli_epi32(lane_byte(w1, j - 4), 6), 4);
-        sc = _mm256_or_si256(_mm256_and_si256(lane_byte(w2, j - 4), _mm256_set1_epi32(0x0F)), hi0);
-        m = _mm256_or_si256(_mm256_srli_epi32(lane_byte(w2, j - 4), 4), hi1);
-      }
-      s[0] = _mm256_mul_ps(halves(headers, 0), _mm256_cvtepi32_ps(sc));
-      o[0] = negate(_mm256_mul_ps(halves(headers, 1), _mm256_cvtepi32_ps(m)));
-      constexpr int first = F == QFormat::kQ5_K ? 11 : 3;
-      for (int v = 0; v < 8; ++v) {
-        u[v] = nibbles(run(runs, first + 8 * (j / 2) + v), 4 * (j % 2));
-        if constexpr (F == QFormat::kQ5_K) u[v] = _mm256_or_si256(u[v], bit_to(run(runs, 3 + v), j, 4, 0x10));
-      }
-    } else {
-      static_assert(F == QFormat::kQ6_K);
-      const int h = j / 4, g = j % 4;
-      for (int v = 0; v < 8; ++v)
-        u[v] = _mm256_or_si256(nibbles(run(runs, 16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
-                               bit_to(run(runs, 32 + 8 * h + v), 2 * g, 4, 0x30));
-      const __m256i scales = run(runs, 48 + 2 * h + g / 2);
-      for (int e = 0; e < 2; ++e) {
-        s[e] = _mm256_mul_ps(halves(headers, 0), _mm256_cvtepi32_ps(lane_sbyte(scales, 2 * (g % 2) + e)));
-        o[e] = _mm256_mul_ps(_mm256_set1_ps(-32.f), s[e]);
-      }
-    }
-  }
-
-  // As the AVX-512 stage.
-  template <QFormat F>
-  static void stage(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    constexpr PackedUnit kUnit = packed_unit(F);
-    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
-    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
-    const int64_t unit = b / kUnitBlocks;
-    for (int h = 0; h < 2; ++h) {
-      __m256i u[8];
-      __m256 s[2], o[2];
-      decode<F>(panel + unit * kRunBytes + 32 * h, panel + blocks / kUnitBlocks * kRunBytes + unit * kHeaderBytes + 16 * h,
-                static_cast<int>(b % kUnitBlocks), u, s, o);
-      for (int v = 0; v < 8; ++v)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 2 * b * kPanelGroupBytes + 64 * v + 32 * h), u[v]);
-      for (int g = 0; g < 2; ++g) {
-        _mm256_storeu_ps(scale + (2 * b + g) * kPanelRows + 8 * h, s[S == 2 ? 0 : g]);
-        _mm256_storeu_ps(offset + (2 * b + g) * kPanelRows + 8 * h, o[S == 2 ? 0 : g]);
-      }
-    }
-  }
-
   template <QFormat F, int C>
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
-    constexpr PackedUnit kUnit = packed_unit(F);
-    constexpr int kUnitBlocks = kUnit.blocks, S = kUnit.span_groups;
+    constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
     // Byte products summed in int16 before widening: 8 of them stay below 2^15 for q < 16, 4 for
     // q < 32, 2 for q < 64.
     constexpr int kPairSums = F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ4_K ? 8
                               : F == QFormat::kQ6_K                                             ? 2
                                                                                                 : 4;
-    constexpr int64_t kRunBytes = kUnit.run_bytes, kHeaderBytes = kUnit.header_bytes;
-    const uint8_t* headers = panel + blocks / kUnitBlocks * kRunBytes;
     const __m256i z = _mm256_setzero_si256();
     __m256 f[C][2];
     for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < blocks; ++b, pf += pf_step) {
-      for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* runs = panel + b / kUnitBlocks * kRunBytes + 32 * h;
-        const uint8_t* hd = headers + b / kUnitBlocks * kHeaderBytes + 16 * h;
-        if constexpr (F == QFormat::kQ8_0) {
-          const __m256 d = halves(hd, 0);
-          __m256i w[8];
-          for (int v = 0; v < 8; ++v) w[v] = run(runs, v);
-          for (int c = 0; c < C; ++c) {
-            // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
-            __m256i acc[2] = {z, z};
-            for (int plane = 0; plane < 2; ++plane) {
-              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-              for (int v = 0; v < 8; ++v)
-                acc[plane] = dot(acc[plane], _mm256_abs_epi8(w[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), w[v]));
-            }
-            const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
-            f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(x[c].d[b])), f[c][h]);
-          }
-        } else {
+    for (int64_t unit = 0; unit < blocks / kUnitBlocks; ++unit) {
+      each_block([&](auto j) {
+        const int64_t b = unit * kUnitBlocks + decltype(j)::value;
+        for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
+        pf += pf_step;
+        for (int h = 0; h < 2; ++h) {
+          const UnitAt at = unit_at<F>(panel, blocks, unit, 8 * h);
           __m256i u[8];
           __m256 sc[2], off[2];
-          decode<F>(runs, hd, static_cast<int>(b % kUnitBlocks), u, sc, off);
+          decode_block<Lanes, F, decltype(j)::value>(at.runs, at.headers, u, sc, off);
           for (int c = 0; c < C; ++c) {
-            __m256i sum[2] = {z, z};  // per span (S = 1), or sum[0] alone
-            for (int plane = 0; plane < 2; ++plane) {
-              const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-              for (int v0 = 0; v0 < 8; v0 += kPairSums) {
-                __m256i pairs = z;
-                for (int v = v0; v < v0 + kPairSums; ++v) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
-                const int span = S == 2 ? 0 : v0 / 4;
-                sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
+            if constexpr (F == QFormat::kQ8_0) {
+              // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
+              __m256i acc[2] = {z, z};
+              for (int plane = 0; plane < 2; ++plane) {
+                const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                for (int v = 0; v < 8; ++v)
+                  acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
               }
-            }
-            const __m256 xd = _mm256_set1_ps(x[c].d[b]);
-            for (int e = 0; e < 3 - S; ++e) {
-              f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[e]), _mm256_mul_ps(sc[e], xd), f[c][h]);
-              f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x[c].sum32[b] : x[c].sum16[2 * b + e]), f[c][h]);
+              const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
+              f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc[0], _mm256_set1_ps(x[c].d[b])), f[c][h]);
+            } else {
+              __m256i sum[2] = {z, z};  // per span (S = 1), or sum[0] alone
+              for (int plane = 0; plane < 2; ++plane) {
+                const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                for (int v0 = 0; v0 < 8; v0 += kPairSums) {
+                  __m256i pairs = z;
+                  for (int v = v0; v < v0 + kPairSums; ++v)
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+                  const int span = S == 2 ? 0 : v0 / 4;
+                  sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
+                }
+              }
+              const __m256 xd = _mm256_set1_ps(x[c].d[b]);
+              for (int e = 0; e < 3 - S; ++e) {
+                f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[e]), _mm256_mul_ps(sc[e], xd), f[c][h]);
+                f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x[c].sum32[b] : x[c].sum16[2 * b + e]), f[c][h]);
+              }
             }
           }
         }
-      }
+      }, std::make_integer_sequence<int, kUnitBlocks>{});
     }
     for (int c = 0; c < C; ++c)
       for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + c * 16 + 8 * h, f[c][h]);

@@ -104,7 +104,7 @@ def test_qmatmul_matches_reference(isa, form, fmt, packed, m, n):
 def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
     """Row i of a batch of M equals row i computed in any other batch, for M = 1..64 (every register
     tile shape and tail), with one kernel thread or several, and in either layout of the weight; 45
-    weight rows end in a partial panel (zero rows in a packed matrix, staged through stage_rows in the
+    weight rows end in a partial panel (zero rows in a packed matrix, packed when staged in the
     row layout) and in a narrower group of panels. Up to 8 rows against a packed matrix take the
     streaming (decode) path, which reads the panels where they lie."""
     f = FORMS[form]
