@@ -1,0 +1,346 @@
+// The decode phase of paged attention: one token's heads over a range of its keys, a cache block at a
+// time, and the merge of a context's split partial results.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/attention_common.h"
+#include "cpu/dispatch.h"
+#include "cpu/vec.h"
+
+namespace mindie::kernels::cpu {
+namespace MINDIE_ISA_NS {
+namespace {
+
+// Issues prefetches for the K then V bytes of the next block, a few cache lines per step(), so the
+// whole block has been asked for after `steps` calls.
+class PrefetchStream {
+ public:
+  PrefetchStream(const void* k, const void* v, int64_t bytes, int64_t steps)
+      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), lines_((bytes + 63) / 64),
+        per_step_(steps > 0 ? (2 * lines_ + steps - 1) / steps : 0) {}
+  void step() {
+    for (int64_t i = 0; i < per_step_ && next_ < 2 * lines_; ++i, ++next_)
+      __builtin_prefetch((next_ < lines_ ? k_ + next_ * 64 : v_ + (next_ - lines_) * 64), 0, 3);
+  }
+
+ private:
+  const char* k_;
+  const char* v_;
+  int64_t lines_;
+  int64_t per_step_;
+  int64_t next_ = 0;
+};
+
+template <typename Q, typename KV>
+class Decode : AttentionView<Q, KV> {
+  using Base = AttentionView<Q, KV>;
+  using Base::a_, Base::q_, Base::group_, Base::D_, Base::row_, Base::key_row, Base::value_row, Base::store_output;
+
+ public:
+  explicit Decode(const Base& view) : Base(view) {}
+
+  // One token's queries against keys [w.begin, w.end), a block at a time and, within a block, a
+  // kv head at a time: scores, online-softmax update, then the weighted values. Head dims that
+  // fill whole vectors keep queries and accumulators in registers (decode_fixed).
+  void decode(const WorkItem& w, float* workspace) const {
+    thread_local Scratch scratch;
+    const int H = a_.num_heads, BS = a_.block_size, G = group_;
+    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS + 64);
+    float* acc = qf + H * D_;
+    float* ml = acc + H * D_;
+    float* s = ml + 2 * H;  // [G][BS] scores, reused per kv head, then [BS][4] for decode_fixed
+    OnlineSoftmax sm{ml, ml + H, acc, D_};
+    sm.init(H);
+    const int64_t token = a_.query_start_loc[w.seq];
+    load_scaled(qf, q_ + token * a_.q_token_stride, a_.scale, H * D_);
+    for (int b0 = w.begin; b0 < w.end;) {
+      const int n = std::min(w.end, (b0 / BS + 1) * BS) - b0;
+      const int next = b0 + n;
+      const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
+      // While this block is computed, the next one streams into cache: blocks are scattered, so
+      // the hardware prefetcher would restart at each one. Spread over the block's iterations.
+      const int64_t next_bytes = static_cast<int64_t>(n_next) * row_ * static_cast<int64_t>(sizeof(KV));
+      PrefetchStream ahead(n_next > 0 ? key_row(w.seq, next, 0) : nullptr,
+                           n_next > 0 ? value_row(w.seq, next, 0) : nullptr, next_bytes,
+                           a_.kv_heads * (n + (n + 1) / 2));
+      const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0), n, token, &ahead};
+      for (int h = 0; h < a_.kv_heads; ++h)
+        for (int g0 = 0; g0 < G; g0 += 4) {
+          const int head0 = h * G + g0, gc = std::min(4, G - g0);
+          if (!decode_fixed_dispatch(rows, h, head0, gc, qf, s, sm)) decode_general(rows, h, head0, gc, qf, s, sm);
+        }
+      b0 += n;
+    }
+    for (int head = 0; head < H; ++head) {
+      if (w.part < 0) {
+        store_output(token, head, acc + head * D_, sm.l[head] > 0.f ? 1.f / sm.l[head] : 0.f);
+      } else {
+        float* dst = workspace + (w.part * H + head) * (D_ + 2);
+        dst[0] = sm.m[head];
+        dst[1] = sm.l[head];
+        std::copy(acc + head * D_, acc + (head + 1) * D_, dst + 2);
+      }
+    }
+  }
+
+  void merge(const Merge& mg, int head, const float* workspace) const {
+    thread_local Scratch scratch;
+    float* acc = scratch.get(D_);
+    std::fill(acc, acc + D_, 0.f);
+    float m = -INFINITY;
+    for (int p = 0; p < mg.num_parts; ++p)
+      m = std::max(m, workspace[((mg.first_part + p) * a_.num_heads + head) * (D_ + 2)]);
+    float l = 0.f;
+    for (int p = 0; p < mg.num_parts; ++p) {
+      const float* src = workspace + ((mg.first_part + p) * a_.num_heads + head) * (D_ + 2);
+      if (src[0] == -INFINITY) continue;
+      const float w = std::exp(src[0] - m);
+      l += src[1] * w;
+      axpy(acc, w, src + 2, D_);
+    }
+    store_output(a_.query_start_loc[mg.seq], head, acc, l > 0.f ? 1.f / l : 0.f);
+  }
+
+ private:
+  // The rows of one block segment (kv head 0; head h is h * head_dim further) and of the next.
+  struct BlockRows {
+    const KV* k;
+    const KV* v;
+    int n;
+    int64_t token;  // the query token
+    PrefetchStream* ahead;
+  };
+
+  // Heads head0..head0+gc-1 (sharing kv head h) over one block segment; scores go to s[g][t].
+  void decode_general(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                      OnlineSoftmax& sm) const {
+    const int BS = a_.block_size;
+    const KV* k = rows.k + h * D_;
+    for (int t = 0; t < rows.n; ++t, k += row_)
+      for (int g = 0; g < gc; ++g) s[g * BS + t] = dot(qf + (head0 + g) * D_, k, D_);
+    for (int g = 0; g < gc; ++g) sm.update(head0 + g, s + g * BS, rows.n);
+    const KV* v = rows.v + h * D_;
+    for (int t = 0; t < rows.n; ++t, v += row_)
+      for (int g = 0; g < gc; ++g) axpy(sm.acc + (head0 + g) * D_, s[g * BS + t], v, D_);
+  }
+
+  bool decode_fixed_dispatch(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                             OnlineSoftmax& sm) const {
+    constexpr int W = VecF::W;
+    if constexpr (W >= 4) {
+      if (D_ == 4 * W) return decode_fixed_gc<4>(rows, h, head0, gc, qf, s, sm);
+      if (D_ == 8 * W) return decode_fixed_gc<8>(rows, h, head0, gc, qf, s, sm);
+    }
+    return false;
+  }
+
+  template <int DV>
+  bool decode_fixed_gc(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                       OnlineSoftmax& sm) const {
+#if MINDIE_BF16_DOT
+    // bf16 queries against bf16 keys: vdpbf16ps multiplies the raw pairs exactly and sums in
+    // float32, the same arithmetic as converting first, with half the instructions.
+    if constexpr (std::is_same_v<Q, bf16_t> && std::is_same_v<KV, bf16_t>) {
+      if (cpu_has_avx512_bf16()) return decode_fixed_heads<DV, true>(rows, h, head0, gc, qf, s, sm);
+    }
+#endif
+    return decode_fixed_heads<DV, false>(rows, h, head0, gc, qf, s, sm);
+  }
+
+  template <int DV, bool kBf16Dot>
+  bool decode_fixed_heads(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+                          OnlineSoftmax& sm) const {
+    switch (gc) {
+      case 1: decode_fixed<1, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 2: decode_fixed<2, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 3: decode_fixed<3, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      case 4: decode_fixed<4, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
+      default: return false;
+    }
+  }
+
+  // Walks the keys a group of kTokenGroup tokens at a time: token_dots(key_row, out) writes the GC
+  // partial dot-product vectors of one key, and each group's W lane sums (kTokenGroup tokens x 4
+  // heads) are reduced at once into st[t][4] (token-major). st must hold 4 * (n + kTokenGroup).
+  template <typename TokenDots>
+  void reduce_scores(const KV* k, int n, float* st, PrefetchStream& ahead, TokenDots&& token_dots) const {
+    constexpr int W = VecF::W;
+    // Only vector variants (W >= 4) reach this path; the clamp keeps the scalar build compiling.
+    constexpr int kTokenGroup = W >= 4 ? W / 4 : 1;
+    constexpr int kLanes = W >= 4 ? W : 4;
+    for (int t0 = 0; t0 < n; t0 += kTokenGroup) {
+      VecF p[kLanes];
+      for (int i = 0; i < kLanes; ++i) p[i] = VecF::zero();
+      for (int tg = 0; tg < kTokenGroup && t0 + tg < n; ++tg) {
+        ahead.step();
+        token_dots(k + (t0 + tg) * row_, p + tg * 4);
+      }
+      VecF::reduce_add_w(p, st + 4 * t0);
+    }
+  }
+
+  // Scores of GC heads against n keys. The float path uses the pre-scaled float32 queries in qf;
+  // the bf16 path the raw bf16 queries, scaled afterwards.
+  template <int GC, int DV, bool kBf16Dot>
+  void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st,
+                  PrefetchStream& ahead) const {
+    constexpr int W = VecF::W;
+#if MINDIE_BF16_DOT
+    if constexpr (kBf16Dot) {
+      constexpr int DP = DV / 2;  // 32 bf16 per register
+      const bf16_t* qb = reinterpret_cast<const bf16_t*>(q_) + token * a_.q_token_stride;
+      __m512bh q[GC][DP];
+      for (int g = 0; g < GC; ++g)
+        for (int j = 0; j < DP; ++j) q[g][j] = (__m512bh)_mm512_loadu_si512(qb + (head0 + g) * D_ + j * 32);
+      const __m512 scale = _mm512_set1_ps(a_.scale);
+      reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
+        __m512bh kb[DP];
+        for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
+        for (int g = 0; g < GC; ++g) {
+          __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
+          for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
+          out[g] = VecF(_mm512_mul_ps(acc, scale));
+        }
+      });
+      return;
+    }
+#endif
+    (void)token;
+    VecF q[GC][DV];
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
+    reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
+      VecF kv[DV];
+      for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
+      for (int g = 0; g < GC; ++g) {
+        VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
+        for (int j = 2; j < DV; j += 2) {
+          p0 = VecF::fma(q[g][j], kv[j], p0);
+          p1 = VecF::fma(q[g][j + 1], kv[j + 1], p1);
+        }
+        out[g] = p0 + p1;
+      }
+    });
+  }
+
+  template <int GC, int DV, bool kBf16Dot>
+  void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
+    constexpr int W = VecF::W;
+    const int BS = a_.block_size, n = rows.n;
+    float* st = s + GC * BS;  // [BS][4]
+    VecF acc[GC][DV];
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
+    score_keys<GC, DV, kBf16Dot>(rows.k + h * D_, n, head0, qf, rows.token, st, *rows.ahead);
+    for (int g = 0; g < GC; ++g)
+      for (int t = 0; t < n; ++t) s[g * BS + t] = st[4 * t + g];
+    for (int g = 0; g < GC; ++g) {
+      const float m_old = sm.m[head0 + g];
+      if (!sm.update_scores(head0 + g, s + g * BS, n)) continue;
+      if (m_old != sm.m[head0 + g]) {
+        const VecF alpha = VecF::set1(m_old == -INFINITY ? 0.f : std::exp(m_old - sm.m[head0 + g]));
+        for (int j = 0; j < DV; ++j) acc[g][j] = acc[g][j] * alpha;
+      }
+    }
+    const KV* v = rows.v + h * D_;
+#if MINDIE_BF16_DOT
+    if constexpr (kBf16Dot) {
+      accumulate_values_bf16<GC, DV>(acc, v, n, s, reinterpret_cast<bf16_t*>(st), *rows.ahead);
+    } else
+#endif
+    {
+      for (int t = 0; t < n; ++t, v += row_) {
+        rows.ahead->step();
+        VecF vv[DV];
+        for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + j * W);
+        for (int g = 0; g < GC; ++g) {
+          const VecF p = VecF::set1(s[g * BS + t]);
+          for (int j = 0; j < DV; ++j) acc[g][j] = VecF::fma(p, vv[j], acc[g][j]);
+        }
+      }
+    }
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; ++j) acc[g][j].store(sm.acc + (head0 + g) * D_ + j * W);
+  }
+
+#if MINDIE_BF16_DOT
+  // acc += P V with vdpbf16ps over pairs of tokens: the probabilities are rounded to bf16 (as a
+  // bf16 Hugging Face model multiplies bf16 weights by bf16 values) and two value rows are
+  // interleaved so each instruction adds p_t v_t + p_t+1 v_t+1. Interleaving permutes the head
+  // dimension inside each register; the accumulators are permuted to match and back afterwards.
+  template <int GC, int DV>
+  void accumulate_values_bf16(VecF (&acc)[GC][DV], const KV* v, int n, const float* s, bf16_t* pb,
+                              PrefetchStream& ahead) const {
+    static_assert(DV % 2 == 0, "pairs of 16-lane accumulators hold 32 bf16 values");
+    const int BS = a_.block_size, stride = BS + 2;
+    for (int g = 0; g < GC; ++g) {
+      store_scaled(pb + g * stride, s + g * BS, 1.f, n);
+      pb[g * stride + n] = 0;  // the odd token's partner weighs nothing
+    }
+    const __m512i to_perm_lo = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+    const __m512i to_perm_hi = _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    const __m512i to_nat_0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i to_nat_1 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; j += 2) {
+        const __m512 lo = _mm512_permutex2var_ps(acc[g][j].v, to_perm_lo, acc[g][j + 1].v);
+        const __m512 hi = _mm512_permutex2var_ps(acc[g][j].v, to_perm_hi, acc[g][j + 1].v);
+        acc[g][j] = VecF(lo);
+        acc[g][j + 1] = VecF(hi);
+      }
+    for (int t = 0; t < n; t += 2) {
+      const KV* r0 = v + t * row_;
+      const KV* r1 = t + 1 < n ? r0 + row_ : r0;
+      ahead.step();
+      __m512bh lo[DV / 2], hi[DV / 2];
+      for (int j = 0; j < DV / 2; ++j) {
+        const __m512i x = _mm512_loadu_si512(r0 + j * 32), y = _mm512_loadu_si512(r1 + j * 32);
+        lo[j] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+        hi[j] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+      }
+      for (int g = 0; g < GC; ++g) {
+        uint32_t pair;
+        std::memcpy(&pair, pb + g * stride + t, sizeof pair);
+        const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        for (int j = 0; j < DV / 2; ++j) {
+          acc[g][2 * j] = VecF(_mm512_dpbf16_ps(acc[g][2 * j].v, pp, lo[j]));
+          acc[g][2 * j + 1] = VecF(_mm512_dpbf16_ps(acc[g][2 * j + 1].v, pp, hi[j]));
+        }
+      }
+    }
+    for (int g = 0; g < GC; ++g)
+      for (int j = 0; j < DV; j += 2) {
+        const __m512 n0 = _mm512_permutex2var_ps(acc[g][j].v, to_nat_0, acc[g][j + 1].v);
+        const __m512 n1 = _mm512_permutex2var_ps(acc[g][j].v, to_nat_1, acc[g][j + 1].v);
+        acc[g][j] = VecF(n0);
+        acc[g][j + 1] = VecF(n1);
+      }
+  }
+#endif
+};
+
+}  // namespace
+
+template <typename Q, typename KV>
+void decode_range(const AttentionView<Q, KV>& view, const WorkItem& w, float* workspace) {
+  Decode<Q, KV>(view).decode(w, workspace);
+}
+
+template <typename Q, typename KV>
+void merge_splits(const AttentionView<Q, KV>& view, const Merge& mg, int head, const float* workspace) {
+  Decode<Q, KV>(view).merge(mg, head, workspace);
+}
+
+template void decode_range(const AttentionView<float, float>&, const WorkItem&, float*);
+template void decode_range(const AttentionView<float, bf16_t>&, const WorkItem&, float*);
+template void decode_range(const AttentionView<bf16_t, float>&, const WorkItem&, float*);
+template void decode_range(const AttentionView<bf16_t, bf16_t>&, const WorkItem&, float*);
+template void merge_splits(const AttentionView<float, float>&, const Merge&, int, const float*);
+template void merge_splits(const AttentionView<float, bf16_t>&, const Merge&, int, const float*);
+template void merge_splits(const AttentionView<bf16_t, float>&, const Merge&, int, const float*);
+template void merge_splits(const AttentionView<bf16_t, bf16_t>&, const Merge&, int, const float*);
+
+}  // namespace MINDIE_ISA_NS
+}  // namespace mindie::kernels::cpu
