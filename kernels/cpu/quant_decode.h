@@ -107,6 +107,19 @@ inline void decode_block(const uint8_t* runs, const uint8_t* headers, typename L
   }
 }
 
+// How many of vpmaddubsw's int16 pair sums of q against an int8 activation plane (|a| <= 127) can
+// be added in int16 before widening, exactly: 8 of them stay below 2^15 for q < 16, 4 for q < 32,
+// 2 for q < 64; Q8_0's signed q, moved to |q| <= 128, allows no sum at all.
+constexpr int int16_pair_sums(QFormat f) {
+  switch (f) {
+    case QFormat::kQ4_0: case QFormat::kQ4_1: case QFormat::kQ4_K: return 8;
+    case QFormat::kQ5_0: case QFormat::kQ5_1: case QFormat::kQ5_K: return 4;
+    case QFormat::kQ6_K: return 2;
+    case QFormat::kQ8_0: return 1;
+  }
+  return 1;
+}
+
 // Where unit `unit` of a packed panel (blocks 32-value blocks a row) keeps its runs and header
 // fields, offset to row row0.
 struct UnitAt {

@@ -101,24 +101,27 @@ void for_each_row_tile(int64_t m, Tile&& tile) {
   if (c0 < m) with_count<C>(static_cast<int>(m - c0), [&](auto cols) { tile(c0, cols); });
 }
 
-// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
-template <class D, int R, bool Signed, int S>
+// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S,
+// P byte-product pair sums added in int16 before widening (where the variant sums in int16).
+template <class D, int R, bool Signed, int S, int P>
 void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
   PanelRef w[R];
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
   const int64_t groups = a.k / 16;
   float out[R * D::kTileCols * kPanelRows];
   for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
-    D::template tile<R, decltype(cols)::value, Signed, S>(w, x.data() + c0, groups, out);
+    D::template tile<R, decltype(cols)::value, Signed, S, P>(w, x.data() + c0, groups, out);
     store_tile<R>(p, out, a, c0, cols);
   });
 }
 
 template <class D, int R>
-void apply_format(const QFormatInfo& info, const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a,
+void apply_format(QFormat format, const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a,
                   const std::vector<ActRef>& x) {
-  if (info.signed_q) return info.scale_span == 32 ? apply<D, R, true, 2>(p, buf, a, x) : apply<D, R, true, 1>(p, buf, a, x);
-  return info.scale_span == 32 ? apply<D, R, false, 2>(p, buf, a, x) : apply<D, R, false, 1>(p, buf, a, x);
+  with_format(format, [&](auto f) {
+    constexpr QFormatInfo info = qformat_info(static_cast<int>(decltype(f)::value));
+    apply<D, R, info.signed_q, info.scale_span / 16, int16_pair_sums(decltype(f)::value)>(p, buf, a, x);
+  });
 }
 
 // The panels of every target, back to back (target j owns panels [first[j], first[j + 1])), split
@@ -283,8 +286,7 @@ void run_int8(const QMatmulArgs& a) {
     if (streams) return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(a, x); });
   }
   for_each_panel_group<D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
-    const QFormatInfo info = qformat_info(static_cast<int>(p[0].target->w.format));
-    with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(info, p, buf, a, x); });
+    with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(p[0].target->w.format, p, buf, a, x); });
   });
 }
 

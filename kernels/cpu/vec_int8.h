@@ -73,7 +73,7 @@ struct Int8Panel {
     return _mm512_set1_epi32(v);
   }
   // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
-  template <int R, int C, bool Signed, int S>
+  template <int R, int C, bool Signed, int S, int P>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
     for (int r = 0; r < R; ++r)
@@ -229,7 +229,7 @@ struct Int8Panel {
     return _mm256_set1_epi32(v);
   }
 
-  template <int R, int C, bool Signed, int S>
+  template <int R, int C, bool Signed, int S, int P>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     __m256 f[R][C][2];
     for (int r = 0; r < R; ++r)
@@ -239,25 +239,34 @@ struct Int8Panel {
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
       for (int plane = 0; plane < 2; ++plane) {
-        if (plane == 1)
-          for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c)
-              for (int h = 0; h < 2; ++h) acc[r][c][h] = _mm256_slli_epi32(acc[r][c][h], 7);
+        static_assert(!Signed || P == 1, "signed q leaves no room for an int16 sum");
+        const __m256i weight = _mm256_set1_epi16(plane == 0 ? 128 : 1);
         // Unrolled in full: GCC's default keeps this AVX2 loop rolled, 1.5x slower at 512 rows.
 #pragma GCC unroll 8
-        for (int v = 0; v < 4 * S; ++v) {
-          __m256i wq[R][2];
+        for (int v0 = 0; v0 < 4 * S; v0 += P) {
+          // P byte-product pair sums added in int16, then widened once (int16_pair_sums): exact, with
+          // one vpmaddwd and vpaddd per P vpmaddubsw instead of one each.
+          __m256i pairs[R][C][2];
           for (int r = 0; r < R; ++r)
-            for (int h = 0; h < 2; ++h)
-              wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + j * kPanelGroupBytes + v * 64 + 32 * h));
-          for (int c = 0; c < C; ++c) {
-            const __m256i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+            for (int c = 0; c < C; ++c) pairs[r][c][0] = pairs[r][c][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+          for (int v = v0; v < v0 + P; ++v) {
+            __m256i wq[R][2];
             for (int r = 0; r < R; ++r)
-              for (int h = 0; h < 2; ++h) {
-                if constexpr (Signed) acc[r][c][h] = dot(acc[r][c][h], _mm256_abs_epi8(wq[r][h]), _mm256_sign_epi8(b, wq[r][h]));
-                else acc[r][c][h] = dot(acc[r][c][h], wq[r][h], b);
-              }
+              for (int h = 0; h < 2; ++h)
+                wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + j * kPanelGroupBytes + v * 64 + 32 * h));
+            for (int c = 0; c < C; ++c) {
+              const __m256i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+              for (int r = 0; r < R; ++r)
+                for (int h = 0; h < 2; ++h) {
+                  if constexpr (Signed) pairs[r][c][h] = _mm256_maddubs_epi16(_mm256_abs_epi8(wq[r][h]), _mm256_sign_epi8(b, wq[r][h]));
+                  else pairs[r][c][h] = _mm256_add_epi16(pairs[r][c][h], _mm256_maddubs_epi16(wq[r][h], b));
+                }
+            }
           }
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c)
+              for (int h = 0; h < 2; ++h) acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(pairs[r][c][h], weight));
         }
       }
       for (int r = 0; r < R; ++r)
@@ -282,11 +291,7 @@ struct Int8Panel {
   static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
-    // Byte products summed in int16 before widening: 8 of them stay below 2^15 for q < 16, 4 for
-    // q < 32, 2 for q < 64.
-    constexpr int kPairSums = F == QFormat::kQ4_0 || F == QFormat::kQ4_1 || F == QFormat::kQ4_K ? 8
-                              : F == QFormat::kQ6_K                                             ? 2
-                                                                                                : 4;
+    constexpr int kPairSums = int16_pair_sums(F);  // byte products summed in int16 before widening
     const __m256i z = _mm256_setzero_si256();
     __m256 f[C][2];
     for (int c = 0; c < C; ++c) f[c][0] = f[c][1] = _mm256_setzero_ps();
@@ -384,7 +389,7 @@ struct Int8Panel {
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;
   static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
-  template <int R, int C, bool Signed, int S>
+  template <int R, int C, bool Signed, int S, int P>
   static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c)
