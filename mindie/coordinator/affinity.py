@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from mindie.coordinator.families import ChatPrompt, Prompt, TextPrompt
+from mindie.server.protocols.family import ChatPrompt, Prompt, TextPrompt
 
 # About 16 tokens each, at the ~4 characters per token MindIE's own `string_token_rate` assumes:
 # finer than P's blocks (128 tokens by default), so two P's matches still tell apart.

@@ -1,6 +1,8 @@
-"""The coordinator's four listeners (Coordinator.cpp): predict (the inference routes, the tokenizer
-and stopInfer), manage (instances online/offline/refresh, query_tasks, coordinator_info), status
-(startup, health and readiness probes) and external (`/metrics`)."""
+"""The coordinator's four listeners (Coordinator.cpp): predict (every route of an instance's
+business plane, from the same family tables: generation through P and D, the rest from an
+instance in service, stopInfer and the probes its own), manage (instances online/offline/refresh,
+query_tasks, coordinator_info), status (startup, health and readiness probes) and external
+(`/metrics`)."""
 
 from __future__ import annotations
 
@@ -15,32 +17,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mindie.coordinator.config import Role
-from mindie.coordinator.families import INFERENCE_ROUTES, NATIVE, Family, family_of, triton_id
 from mindie.coordinator.metrics import MetricsAggregator
-from mindie.coordinator.relay import Relay, error_response
+from mindie.coordinator.relay import Relay
+from mindie.coordinator.relay import error_response as relay_error
 from mindie.coordinator.requests import DuplicateRequestId
 from mindie.coordinator.service import Coordinator
+from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.http import check_json_body, error_response, read_body, unknown_route
+from mindie.server.protocols.families import Served
+from mindie.server.protocols.families import served as served_routes
+from mindie.server.protocols.family import Kind, claimant
 
 log = logging.getLogger("mindie.coordinator")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge()
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -48,77 +38,90 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 def _app(routes: list[Route]) -> Starlette:
-    return Starlette(routes=routes, exception_handlers={ClientDisconnect: _client_gone})
+    return Starlette(routes=[*routes, unknown_route(routes)], exception_handlers={ClientDisconnect: _client_gone})
 
 
-def _too_large(family: Family, limit: int) -> Response:
-    return error_response(family, 413, f"Request body too large. Maximum allowed size is {limit // 2**20}MB.")
+async def _post_body(coord: Coordinator, request: Request) -> bytes:
+    check_json_body(request)
+    return await read_body(request, coord.config.body_limit_bytes)
 
 
-def _inference(coord: Coordinator, route_family: Family | None) -> Endpoint:
+def _inference(coord: Coordinator, served: Served) -> Endpoint:
+    """Through a prefill and a decode instance (relay.py)."""
+
     async def endpoint(request: Request) -> Response:
-        limit = coord.config.body_limit_bytes
         try:
-            body = await _read_body(request, limit)
-        except _TooLarge:
-            return _too_large(route_family or NATIVE, limit)
-        family = family_of(route_family, body)
+            body = await _post_body(coord, request)
+            family, _ = claimant(list(served.candidates), body) if len(served.candidates) > 1 else served.candidates[0]
+        except APIError as exc:
+            return error_response(exc, served.style)
         if not coord.registry.ready:
-            return error_response(family, 503, "MindIE-MS Coordinator is not ready")
+            return relay_error(family, 503, "MindIE-MS Coordinator is not ready")
         if len(coord.table) >= coord.config.max_requests:
-            return error_response(family, 429, "Too many requests")
+            return relay_error(family, 429, "Too many requests")
         try:
-            tracked = coord.table.add(alias=triton_id(family, body))
+            tracked = coord.table.add(alias=family.named_by_client(body))
         except DuplicateRequestId as exc:
-            return error_response(family, 400, f"Duplicate request id {exc}")
+            return relay_error(family, 400, f"Duplicate request id {exc}")
         return await Relay(coord, tracked, family, request, body).run()
 
     return endpoint
 
 
-def _tokenizer(coord: Coordinator) -> Endpoint:
-    """Not a PD request: any instance that holds its role tokenizes it."""
+# What the coordinator passes on to an instance, both ways.
+_REQUEST_HEADERS = ("content-type", "accept", "authorization")
+_REPLY_HEADERS = ("content-type", "www-authenticate")
+
+
+def _forward(coord: Coordinator, style: ErrorStyle) -> Endpoint:
+    """Answered by any instance in service, in turn: model, server and tokenizer facts are the
+    same on each, and what one process keeps (a stored response) is kept by none in a cluster."""
     turn = 0
 
     async def endpoint(request: Request) -> Response:
         nonlocal turn
-        limit = coord.config.body_limit_bytes
         try:
-            body = await _read_body(request, limit)
-        except _TooLarge:
-            return _too_large(NATIVE, limit)
-        ready = [i for i in coord.registry.instances.values() if i.schedulable]
-        if not ready:
-            return error_response(NATIVE, 503, "MindIE-MS Coordinator is not ready")
-        inst = ready[turn % len(ready)]
-        turn += 1
-        timeout = coord.config.tokenizer_timeout_s or None
-        try:
-            reply = await coord.client.post(f"{inst.business_url}/v1/tokenizer", content=body, timeout=timeout,
-                                            headers={"content-type": request.headers.get("content-type", "")})
-        except httpx.TimeoutException:
-            return error_response(NATIVE, 408, "Request tokenizer timeout")
-        except httpx.HTTPError:
-            return error_response(NATIVE, 500, "Send messges to tokenizer instance failed")
-        return Response(reply.content, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+            body = await _post_body(coord, request) if request.method == "POST" else b""
+            ready = [i for i in coord.registry.instances.values() if i.schedulable]
+            if not ready:
+                raise APIError(503, "MindIE-MS Coordinator is not ready")
+            inst = ready[turn % len(ready)]
+            turn += 1
+            url = f"{inst.business_url}{request.url.path}"
+            headers = {k: v for k in _REQUEST_HEADERS if (v := request.headers.get(k)) is not None}
+            try:
+                reply = await coord.client.request(request.method, url, params=request.query_params, content=body,
+                                                   headers=headers, timeout=coord.config.tokenizer_timeout_s or None)
+            except httpx.TimeoutException:
+                raise APIError(408, f"{inst.spec.name} did not answer {request.method} {request.url.path} in time"
+                               ) from None
+            except httpx.HTTPError as exc:
+                raise APIError(502, f"{inst.spec.name} could not be reached: {type(exc).__name__}") from None
+        except APIError as exc:
+            return error_response(exc, style)
+        return Response(reply.content, status_code=reply.status_code,
+                        headers={k: v for k in _REPLY_HEADERS if (v := reply.headers.get(k)) is not None})
 
     return endpoint
 
 
 def _stop_infer(coord: Coordinator) -> Endpoint:
-    """A client cancels its own request by the id it knows (a Triton `id`, or the req-id)."""
+    """A client cancels its own request by the id it knows (a Triton `id`, or the req-id): the
+    coordinator holds the requests, so it answers itself."""
 
     async def endpoint(request: Request) -> Response:
         try:
-            body = json.loads(await _read_body(request, coord.config.body_limit_bytes))
-        except (_TooLarge, ValueError, UnicodeDecodeError):
-            return error_response(NATIVE, 422, "Req body converts to json fail.")
+            body = json.loads(await _post_body(coord, request))
+        except APIError as exc:
+            return error_response(exc, ErrorStyle.MINDIE)
+        except (ValueError, UnicodeDecodeError):
+            return error_response(APIError(422, "Req body converts to json fail."), ErrorStyle.MINDIE)
         rid = body.get("id") if isinstance(body, dict) else None
         if not isinstance(rid, str) or not rid:
-            return error_response(NATIVE, 422, "id must be a non-empty string")
+            return error_response(APIError(422, "id must be a non-empty string", "id"), ErrorStyle.MINDIE)
         tracked = coord.table.get(rid)
         if tracked is None:
-            return error_response(NATIVE, 404, f"RequestId is {rid} not found.")
+            return error_response(APIError(404, f"RequestId is {rid} not found.", "id"), ErrorStyle.MINDIE)
         coord.stop_infer(tracked)
         return JSONResponse({"id": rid})
 
@@ -141,11 +144,46 @@ def _bad(message: str, field: str | None = None) -> Response:
                         status_code=400)
 
 
-def predict_app(coord: Coordinator) -> Starlette:
-    routes = [Route(path, _inference(coord, family), methods=["POST"]) for path, family in INFERENCE_ROUTES]
-    routes.append(Route("/v1/tokenizer", _tokenizer(coord), methods=["POST"]))
-    routes.append(Route("/v2/models/{model}/stopInfer", _stop_infer(coord), methods=["POST"]))
-    return _app(routes)
+def predict_app(coord: Coordinator, metrics: Endpoint) -> Starlette:
+    """Every route an instance's business plane answers, from the same family tables; health and
+    metrics from the coordinator's own view."""
+    routes = []
+    for served in served_routes():
+        if served.kind is Kind.GENERATE and all(r.disaggregated for _, r in served.candidates):
+            endpoint = _inference(coord, served)
+        elif served.path == "/v2/models/{model}/stopInfer":
+            endpoint = _stop_infer(coord)
+        else:
+            endpoint = _forward(coord, served.style)
+        routes.append(Route(served.path, endpoint, methods=[served.method]))
+    alive, ready = _probes(coord)
+    ready_forwarded = _forward(coord, ErrorStyle.MINDIE)
+
+    async def model_ready(request: Request) -> Response:
+        """Ready, and the model is the one the instances serve (they know its name)."""
+        return await ready_forwarded(request) if coord.registry.ready else await ready(request)
+
+    return _app([*routes,
+                 Route("/health", ready, methods=["GET"]), Route("/v2/health/live", alive, methods=["GET"]),
+                 Route("/v2/health/ready", ready, methods=["GET"]),
+                 Route("/v2/models/{model}/ready", model_ready, methods=["GET"]),
+                 Route("/metrics", metrics, methods=["GET"]),
+                 Route("/openapi.json", _forward(coord, ErrorStyle.MINDIE), methods=["GET"])])
+
+
+def _probes(coord: Coordinator) -> tuple[Endpoint, Endpoint]:
+    """MindIE's probes answer with a status and no body: alive while the process runs, ready while
+    one prefill and one decode instance are in service."""
+
+    async def alive(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(request: Request) -> Response:
+        if coord.registry.ready:
+            return Response(status_code=200)
+        return error_response(APIError(503, "MindIE-MS Coordinator is not ready"), ErrorStyle.MINDIE)
+
+    return alive, ready
 
 
 def manage_app(coord: Coordinator) -> Starlette:
@@ -231,14 +269,7 @@ def manage_app(coord: Coordinator) -> Starlette:
 
 
 def status_app(coord: Coordinator) -> Starlette:
-    """MindIE's probes answer with a status and no body."""
-
-    async def alive(request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def ready(request: Request) -> Response:
-        return Response(status_code=200 if coord.registry.ready else 503)
-
+    alive, ready = _probes(coord)
     return _app([
         Route("/v1/startup", alive, methods=["GET"]),
         Route("/v1/health", alive, methods=["GET"]),
@@ -249,17 +280,19 @@ def status_app(coord: Coordinator) -> Starlette:
     ])
 
 
-def external_app(coord: Coordinator) -> Starlette:
+def _metrics(coord: Coordinator) -> Endpoint:
     aggregator = MetricsAggregator(coord.client, list(coord.registry.instances.values()),
                                    coord.config.metrics_reuse_s)
 
     async def metrics(request: Request) -> Response:
         return Response(await aggregator.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    return _app([Route("/metrics", metrics, methods=["GET"])])
+    return metrics
 
 
 def build_apps(coord: Coordinator) -> dict[tuple[str, int], Starlette]:
     c = coord.config
-    return {(c.predict_ip, c.predict_port): predict_app(coord), (c.manage_ip, c.manage_port): manage_app(coord),
-            (c.manage_ip, c.status_port): status_app(coord), (c.manage_ip, c.external_port): external_app(coord)}
+    metrics = _metrics(coord)
+    return {(c.predict_ip, c.predict_port): predict_app(coord, metrics),
+            (c.manage_ip, c.manage_port): manage_app(coord), (c.manage_ip, c.status_port): status_app(coord),
+            (c.manage_ip, c.external_port): _app([Route("/metrics", metrics, methods=["GET"])])}

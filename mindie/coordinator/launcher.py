@@ -4,28 +4,17 @@ service in the background, and a clean stop on SIGINT / SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-
-import uvicorn
 
 from mindie.coordinator.app import build_apps
 from mindie.coordinator.config import CoordinatorConfig
 from mindie.coordinator.service import Coordinator
+from mindie.server.http import listener, start
 
 DRAIN_S = 30  # on a stop, requests in flight get this long to finish
-
-
-class _Listener(uvicorn.Server):
-    """A uvicorn server that leaves signals to the launcher (four listen in one process)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def serve(coord: Coordinator, stop: asyncio.Event | None = None, announce: bool = True) -> None:
@@ -33,10 +22,8 @@ async def serve(coord: Coordinator, stop: asyncio.Event | None = None, announce:
     cfg = coord.config
     apps = build_apps(coord)
     listeners = [
-        _Listener(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, http="httptools",
-                                 lifespan="off", timeout_keep_alive=max(1, int(cfg.keep_alive_s)),
-                                 server_header=False, headers=[("server", cfg.server_name)],
-                                 timeout_graceful_shutdown=DRAIN_S))
+        listener(app, host, port, timeout_keep_alive=max(1, int(cfg.keep_alive_s)), server_header=False,
+                 headers=[("server", cfg.server_name)], timeout_graceful_shutdown=DRAIN_S)
         for (host, port), app in apps.items()
     ]
     stopping = stop or asyncio.Event()
@@ -45,12 +32,9 @@ async def serve(coord: Coordinator, stop: asyncio.Event | None = None, announce:
     if in_main_thread:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stopping.set)
-    tasks = [asyncio.ensure_future(listener.serve()) for listener in listeners]
-    while not all(listener.started for listener in listeners):
-        if any(t.done() for t in tasks):  # a port in use: stop everything
-            stopping.set()
-            break
-        await asyncio.sleep(0.02)
+    tasks, started = await start(listeners)
+    if not started:  # a port in use: stop everything
+        stopping.set()
     else:
         coord.start()
         if announce:
@@ -58,14 +42,14 @@ async def serve(coord: Coordinator, stop: asyncio.Event | None = None, announce:
                   f"http://{cfg.manage_ip}:{cfg.manage_port}, status on :{cfg.status_port}, metrics on "
                   f":{cfg.external_port}; {len(cfg.instances)} instance(s)", file=sys.stderr, flush=True)
     await stopping.wait()
-    for listener in listeners:
-        listener.should_exit = True
+    for one in listeners:
+        one.should_exit = True
     await asyncio.gather(*tasks, return_exceptions=True)
     await coord.close()
     if in_main_thread:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    if not all(listener.started for listener in listeners):
+    if not started:
         raise SystemExit("coordinator: could not start every listener (address in use?)")
 
 

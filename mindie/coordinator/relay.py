@@ -27,11 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from mindie.coordinator.families import Family
 from mindie.coordinator.requests import State, Tracked
 from mindie.coordinator.service import Coordinator
 from mindie.pd.records import Record, RecordKind
 from mindie.server.errors import APIError
+from mindie.server.protocols.family import Family
 
 log = logging.getLogger("mindie.coordinator")
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from mindie.coordinator.affinity import Prefixes, PrefixIndex, prefixes
 from mindie.coordinator.config import Role
-from mindie.coordinator.families import Family
 from mindie.coordinator.instances import Instance, Registry
 from mindie.coordinator.requests import RequestTable
+from mindie.server.protocols.family import Family
 
 # A hit saves at most the prefill of one prompt, and every request P has not answered yet delays a
 # newcomer by about its own prefill, less what its own hits saved. So a couple of requests beyond the

@@ -1,6 +1,8 @@
 """The HTTP applications: one route table over the three planes (business, management,
 metrics), the wrapper every route shares (body limit, validation and error shapes, API key),
-and the OpenAPI document generated from the same request models that validate."""
+and the OpenAPI document generated from the same request models that validate. The business
+plane's API routes come from the families' own tables (protocols/families.py), as the
+coordinator's predict plane does."""
 
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mindie import __version__
 from mindie.server import decode, dmi, management
 from mindie.server.errors import APIError, ErrorStyle
-from mindie.server.fields import Body, describe, validate
+from mindie.server.fields import Body, describe
 from mindie.server.handler import generation
-from mindie.server.protocols import native, openai, openai_chat, openai_completions, openai_responses, tgi, triton, vllm
+from mindie.server.http import check_json_body, error_response, json_response, read_body, unknown_route
 from mindie.server.protocols.base import Call, Renderer
-from mindie.server.responses import error_response, json_response
+from mindie.server.protocols.families import Served, served
+from mindie.server.protocols.family import Kind, Parse, claimant
 from mindie.server.serving import Serving
 from mindie.server.streams import ClientGone, GenerationTimeout
 
@@ -50,82 +53,45 @@ class RouteSpec:
     public: bool = False  # answered without the API key (a liveness probe)
 
 
-class _GenerateProbe(Body):
-    model_config = Body.model_config | {"strict": False}
-    prompt: Any = None
-    inputs: Any = None
+def _parse(served: Served) -> Parse:
+    """The family's parse; where families share the path, the one whose body this is."""
+    if len(served.candidates) == 1:
+        parse = served.candidates[0][1].parse
+        assert parse is not None
+        return parse
+
+    async def parse_claimed(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
+        _, route = claimant(list(served.candidates), body)
+        assert route.parse is not None
+        return await route.parse(ctx, body, path)
+
+    return parse_claimed
 
 
-async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
-    """POST /generate is vLLM's when the body has `prompt`, TGI's when it has `inputs`."""
-    probe = validate(_GenerateProbe, body)
-    if probe.prompt is not None:
-        return await vllm.parse(ctx, body, path)
-    if probe.inputs is not None:
-        return await tgi.parse_generate(ctx, body, path)
-    raise APIError(422, "`inputs` (TGI) or `prompt` (vLLM) is required and must be a string", "inputs")
+def _family_route(served: Served) -> RouteSpec:
+    routes = [route for _, route in served.candidates]
+    if served.kind is Kind.GENERATE:
+        handler = generation(_parse(served))
+        wrap = routes[0].wrap
+        handler = wrap(handler) if wrap is not None else handler
+    else:
+        assert routes[0].handler is not None
+        handler = routes[0].handler
+    return RouteSpec(BUSINESS, served.method, served.path, handler, served.style, routes[0].body_model,
+                     " / ".join(r.summary for r in routes if r.summary))
 
 
-class TokenizerRequest(Body):
-    inputs: str
-    do_decode: bool = True
-
-
-async def mindie_tokenizer(ctx: Serving, request: Request, body: bytes) -> Response:
-    req = validate(TokenizerRequest, body)
-    if not req.inputs:
-        raise APIError(422, "inputs must be a non-empty string", "inputs")
-    ctx.check_text(req.inputs, "inputs")
-    ids = ctx.tokenizer.encode(req.inputs)
-    tokens: list[Any] = [ctx.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if req.do_decode else ids
-    return json_response({"token_number": len(ids), "tokens": tokens})
-
-
-OAI, NAT = ErrorStyle.OPENAI, ErrorStyle.MINDIE
-ROUTES: list[RouteSpec] = [
-    RouteSpec(BUSINESS, "POST", "/infer", generation(native.parse), NAT, native.InferRequest,
-              "MindIE native text generation"),
-    RouteSpec(BUSINESS, "POST", "/infer_token", generation(native.parse), NAT, native.InferRequest,
-              "MindIE native, token ids in"),
-    RouteSpec(BUSINESS, "POST", "/generate", generation(parse_generate), NAT, tgi.TGIRequest,
-              "TGI (inputs) or vLLM (prompt)"),
-    RouteSpec(BUSINESS, "POST", "/generate_stream", generation(tgi.parse_generate_stream), NAT, tgi.TGIRequest,
-              "TGI streaming"),
-    RouteSpec(BUSINESS, "POST", "/", generation(tgi.parse_root), NAT, tgi.TGIRequest, "TGI root"),
-    RouteSpec(BUSINESS, "POST", "/v1/chat/completions", generation(openai_chat.parse), OAI, openai_chat.ChatRequest,
-              "OpenAI chat"),
-    RouteSpec(BUSINESS, "POST", "/v1/completions", generation(openai_completions.parse), OAI,
-              openai_completions.CompletionRequest, "OpenAI completions"),
-    RouteSpec(BUSINESS, "POST", "/v1/responses", openai_responses.create_route(generation(openai_responses.parse)),
-              OAI, openai_responses.ResponsesRequest, "OpenAI Responses"),
-    RouteSpec(BUSINESS, "GET", "/v1/responses/{response_id}", openai_responses.get_response, OAI),
-    RouteSpec(BUSINESS, "DELETE", "/v1/responses/{response_id}", openai_responses.delete_response, OAI),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate", generation(triton.parse_generate), NAT,
-              triton.TritonTextRequest, "Triton text generation"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/generate_stream", generation(triton.parse_generate_stream), NAT,
-              triton.TritonTextRequest, "Triton streaming text generation"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/infer", generation(triton.parse_infer), NAT,
-              triton.TritonTokenRequest, "Triton token tensors"),
-    RouteSpec(BUSINESS, "POST", "/v2/models/{model}/stopInfer", triton.stop_infer, NAT, triton.StopRequest,
-              "Cancel a request by id"),
-    RouteSpec(BUSINESS, "POST", "/v1/tokenizer", mindie_tokenizer, NAT, TokenizerRequest, "MindIE tokenizer"),
-    RouteSpec(BUSINESS, "POST", "/tokenize", vllm.tokenize, OAI, vllm.TokenizeRequest, "vLLM tokenize"),
-    RouteSpec(BUSINESS, "POST", "/detokenize", vllm.detokenize, OAI, vllm.DetokenizeRequest, "vLLM detokenize"),
-    RouteSpec(BUSINESS, "GET", "/tokenizer_info", vllm.tokenizer_info, OAI),
-    RouteSpec(BUSINESS, "GET", "/v1/models", openai.list_models, OAI),
-    RouteSpec(BUSINESS, "GET", "/v1/models/{model}", openai.get_model, OAI),
-    RouteSpec(BUSINESS, "GET", "/v2", triton.server_metadata),
-    RouteSpec(BUSINESS, "GET", "/v2/models/{model}", triton.model_metadata),
-    RouteSpec(BUSINESS, "GET", "/v2/models/{model}/config", triton.model_config),
-    # Load testers (guidellm) and proxies probe /health on the URL they are given, as vLLM and TGI
-    # answer it on their API port: the business plane answers it too.
+# Load testers (guidellm) and proxies probe /health on the URL they are given, as vLLM and TGI
+# answer it on their API port; scrapers and load tools (aiperf) read /metrics, and KServe clients
+# probe health there too: the business plane answers them, without the API key.
+PROBES: list[RouteSpec] = [
     RouteSpec(BUSINESS, "GET", "/health", management.health, public=True),
-    # Scrapers and load tools (aiperf) read /metrics, and KServe clients probe health, on the URL
-    # they are given.
     RouteSpec(BUSINESS, "GET", "/metrics", management.metrics, public=True),
     RouteSpec(BUSINESS, "GET", "/v2/health/live", management.live, public=True),
     RouteSpec(BUSINESS, "GET", "/v2/health/ready", management.ready, public=True),
     RouteSpec(BUSINESS, "GET", "/v2/models/{model}/ready", management.model_ready, public=True),
+]
+ROUTES: list[RouteSpec] = [_family_route(s) for s in served()] + PROBES + [
     RouteSpec(MANAGEMENT, "GET", "/health", management.health),
     RouteSpec(MANAGEMENT, "GET", "/health/timed", management.health_timed),
     RouteSpec(MANAGEMENT, "GET", "/health/timed-{seconds}", management.health_timed),
@@ -148,34 +114,6 @@ DMI_ROUTES: list[RouteSpec] = [
     RouteSpec(INTERCOMM, "POST", "/pd/v1/decode", decode.decode),
     RouteSpec(INTERCOMM, "POST", "/pd/v1/release", dmi.release),
 ]
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed the limit (from
-    Content-Length, or while it arrives), never buffered whole first."""
-    too_big = APIError(413, f"Request body too large. Maximum allowed size is {limit // 2**20}MB.")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def check_json_body(request: Request) -> None:
-    """A POST body must be JSON, or say nothing of its type. The types a browser may send
-    cross-site without a CORS preflight (form data, text/plain) are refused, so a page the user
-    visits cannot drive the server."""
-    if request.headers.get("inference-header-content-length") is not None:
-        raise APIError(400, "the binary tensor extension is not supported: send the tensors as JSON "
-                            "(tritonclient: binary_data=False on each InferInput and InferRequestedOutput)")
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media and media != "application/json" and not media.endswith("+json"):
-        raise APIError(415, f"Content-Type must be application/json, got {media!r}", "Content-Type")
 
 
 def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
@@ -270,20 +208,8 @@ def build_apps(ctx: Serving) -> dict[tuple[str, int], Starlette]:
         return json_response(doc)
 
     routes[address[BUSINESS]].append(Route("/openapi.json", openapi, methods=["GET"]))
-    known = list(routes[address[BUSINESS]])
-
-    async def unknown_v1(request: Request) -> Response:
-        """OpenAI clients read `error.message` of any failure under /v1/: no bare 404 there."""
-        path = request.url.path
-        if any(r.path_regex.match(path) for r in known):
-            err = APIError(405, f"{request.method} is not allowed on {path}")
-        else:
-            err = APIError(404, f"no route {request.method} {path}; see /openapi.json for the routes")
-        return error_response(err, ErrorStyle.OPENAI)
-
-    # last: only what no route above matched in full
-    routes[address[BUSINESS]].append(Route("/v1/{rest:path}", unknown_v1,
-                                           methods=["GET", "POST", "PUT", "PATCH", "DELETE"]))
+    for plane_routes in routes.values():
+        plane_routes.append(unknown_route(list(plane_routes)))  # last: only what no route above matched
     middleware = [Middleware(RequestIdMiddleware),
                   Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])]
     return {addr: Starlette(routes=r, middleware=middleware) for addr, r in routes.items()}

@@ -35,8 +35,8 @@ from mindie.pd.transport import PullStatus
 from mindie.server.dmi import PDNode
 from mindie.server.errors import APIError
 from mindie.server.fields import describe
+from mindie.server.http import json_response
 from mindie.server.protocols.base import Call, Renderer, dumps
-from mindie.server.responses import json_response
 from mindie.server.results import Result, StreamItem
 from mindie.server.streams import GenerationTimeout, OutputStream
 

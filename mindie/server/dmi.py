@@ -33,7 +33,7 @@ from mindie.pd.http import TOKEN_HEADER
 from mindie.pd.transport import KVArena, KVLayout, TCPTransport
 from mindie.server.dresult import DResultDispatcher
 from mindie.server.errors import APIError
-from mindie.server.responses import json_response
+from mindie.server.http import json_response
 
 log = logging.getLogger("mindie.server.dmi")
 

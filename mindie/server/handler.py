@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mindie.server.errors import APIError
+from mindie.server.http import json_response
 from mindie.server.prefill import prefill
 from mindie.server.protocols.base import Call, Renderer
-from mindie.server.responses import json_response
 from mindie.server.results import Result
 from mindie.server.serving import Serving
 from mindie.server.streams import GenerationTimeout, OutputStream, merge

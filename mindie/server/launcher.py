@@ -5,36 +5,26 @@ address on a uvloop event loop, and stops cleanly on SIGINT / SIGTERM (refuse ne
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import ssl
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
 from mindie.server.app import build_apps
 from mindie.server.config import ConfigError, ServerSettings
 from mindie.server.dmi import PDNode
+from mindie.server.http import listener, start
 from mindie.server.metrics import ServerMetrics
 from mindie.server.serving import Serving
 
 DRAIN_LIMIT_S = 600  # longest a shutdown waits for requests in flight
-
-
-class _Listener(uvicorn.Server):
-    """A uvicorn server that leaves signals to the launcher (several listen in one process)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def load(settings: ServerSettings, progress: bool = True) -> Serving:
@@ -123,9 +113,7 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
     apps = build_apps(ctx)
     scheme = "https" if ctx.settings.tls else "http"
     listeners = [
-        _Listener(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                 http=LimitedHttpTools, lifespan="off", timeout_keep_alive=60,
-                                 **_ssl_options(ctx.settings)))
+        listener(app, host, port, timeout_keep_alive=60, **_ssl_options(ctx.settings))
         for (host, port), app in apps.items()
     ]
     loop = asyncio.get_running_loop()
@@ -134,8 +122,8 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
 
     def on_signal() -> None:
         if stopping.is_set():  # a second Ctrl-C: stop now
-            for listener in listeners:
-                listener.force_exit = True
+            for one in listeners:
+                one.force_exit = True
         stopping.set()
         ctx.draining = True
 
@@ -152,27 +140,19 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
             if not ctx.in_flight:
                 break
             await asyncio.sleep(0.1)
-        for listener in listeners:
-            listener.should_exit = True
+        for one in listeners:
+            one.should_exit = True
 
     drainer = asyncio.ensure_future(drain())
-    tasks = [asyncio.ensure_future(listener.serve()) for listener in listeners]
-    await asyncio.sleep(0)
-    while not all(listener.started for listener in listeners):
-        if any(t.done() for t in tasks):  # a listener failed to start (port in use): stop everything
-            for listener in listeners:
-                listener.should_exit = True
-            break
-        await asyncio.sleep(0.05)
-    else:
-        if announce:
-            for (host, port), _ in apps.items():
-                planes = [name for name, addr in (("business", (ctx.settings.host, ctx.settings.port)), (
-                    "management", (ctx.settings.management_host, ctx.settings.management_port)), (
-                    "metrics", (ctx.settings.management_host, ctx.settings.metrics_port)), (
-                    "intercomm", (ctx.settings.host, ctx.settings.inter_comm_port))) if addr == (host, port)]
-                print(f"{'+'.join(planes)} plane listening on {scheme}://{host}:{port}", file=sys.stderr)
-            print(f"serving {ctx.settings.model_name}; Ctrl-C to stop", file=sys.stderr)
+    tasks, started = await start(listeners)
+    if started and announce:
+        for (host, port), _ in apps.items():
+            planes = [name for name, addr in (("business", (ctx.settings.host, ctx.settings.port)), (
+                "management", (ctx.settings.management_host, ctx.settings.management_port)), (
+                "metrics", (ctx.settings.management_host, ctx.settings.metrics_port)), (
+                "intercomm", (ctx.settings.host, ctx.settings.inter_comm_port))) if addr == (host, port)]
+            print(f"{'+'.join(planes)} plane listening on {scheme}://{host}:{port}", file=sys.stderr)
+        print(f"serving {ctx.settings.model_name}; Ctrl-C to stop", file=sys.stderr)
     await asyncio.gather(*tasks, return_exceptions=True)
     drainer.cancel()
     if in_main_thread:
@@ -182,7 +162,7 @@ async def serve(ctx: Serving, announce: bool = True, stop: asyncio.Event | None 
     if ctx.pd is not None:
         ctx.pd.close()
     failed = [t.exception() for t in tasks if t.exception() is not None] or [
-        None for listener in listeners if not listener.started]
+        None for one in listeners if not one.started]
     if failed:
         raise SystemExit(f"could not start every listener: {failed[0] or 'address in use?'}")
 
@@ -199,70 +179,3 @@ def run(settings: ServerSettings) -> None:
     # default). A short interval keeps the HTTP work from stretching the model step.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvloop.run(serve(ctx))
-
-
-MAX_HEAD_BYTES = 64 * 1024  # request line + headers
-
-
-class _HeadTooLarge(Exception):
-    pass
-
-
-class LimitedHttpTools(HttpToolsProtocol):
-    """httptools with a bound on the request head: past MAX_HEAD_BYTES the client gets 431 and the
-    connection closes (httptools itself buffers any size). A single header can still be buffered
-    whole before it is counted, up to the coarse HEAD_GUARD_BYTES limit on bytes fed before the
-    head completes."""
-
-    HEAD_GUARD_BYTES = 8 * 2**20
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._head_bytes = 0  # exact: request line and headers of the current request
-        self._head_fed = 0  # coarse: bytes received while its head is incomplete
-        self._head_done = False
-        self._too_large = False
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_bytes = 0
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._head_done = False
-
-    def _count(self, n: int) -> None:
-        self._head_bytes += n
-        if self._head_bytes > MAX_HEAD_BYTES:
-            self._too_large = True
-            raise _HeadTooLarge()  # httptools turns it into a parser error: send_400_response
-
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._head_done, self._head_fed = True, 0
-        super().on_headers_complete()
-
-    def data_received(self, data: bytes) -> None:
-        if not self._head_done:
-            self._head_fed += len(data)
-        if self._head_fed > self.HEAD_GUARD_BYTES:
-            self._too_large = True
-            self.send_400_response("")
-            return
-        super().data_received(data)
-
-    def send_400_response(self, msg: str) -> None:
-        if not self._too_large:
-            super().send_400_response(msg)
-            return
-        body = b'{"error": "request headers too large (limit 65536 bytes)", "error_type": "Bad Request"}'
-        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                             b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
-        self.transport.close()

@@ -13,8 +13,8 @@ from starlette.responses import Response
 from mindie import __version__
 from mindie.engine.request import EngineRequest, SamplingParams
 from mindie.server.errors import APIError
+from mindie.server.http import json_response
 from mindie.server.protocols.base import UNNAMED, Call
-from mindie.server.responses import json_response
 from mindie.server.serving import Serving
 from mindie.server.streams import GenerationTimeout
 

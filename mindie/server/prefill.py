@@ -36,8 +36,8 @@ from mindie.pd.params import DecodeParams
 from mindie.pd.recompute import Recompute, RecomputeError, read_retry
 from mindie.server.dmi import parse_headers
 from mindie.server.errors import APIError
+from mindie.server.http import json_response
 from mindie.server.protocols.base import Call, Renderer, dumps
-from mindie.server.responses import json_response
 from mindie.server.results import Result, StreamItem
 from mindie.server.streams import merge
 

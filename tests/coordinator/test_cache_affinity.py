@@ -15,20 +15,13 @@ from fakes import cluster
 
 from mindie.coordinator.affinity import CHUNK_CHARS, CHUNK_TOKENS, PrefixIndex, prefixes
 from mindie.coordinator.config import Role, parse_instances
-from mindie.coordinator.families import (
-    NATIVE,
-    OPENAI,
-    TGI,
-    TRITON,
-    VLLM,
-    ChatPrompt,
-    Family,
-    TextPrompt,
-    TokenPrompt,
-)
 from mindie.coordinator.instances import Instance, Registry
 from mindie.coordinator.requests import RequestTable, State
 from mindie.coordinator.scheduler import BUSY_MARGIN, Scheduler
+from mindie.server.protocols import native, openai_family, tgi, triton, vllm
+from mindie.server.protocols.family import ChatPrompt, Family, TextPrompt, TokenPrompt
+
+NATIVE, TGI, VLLM, OPENAI, TRITON = native.FAMILY, tgi.FAMILY, vllm.FAMILY, openai_family.FAMILY, triton.FAMILY
 
 PARTS = [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

@@ -14,13 +14,13 @@ import mindie.server.protocols as protocols
 
 PROTOCOLS = [f"mindie.server.protocols.{m.name}" for m in pkgutil.iter_modules(protocols.__path__)]
 COORDINATOR = [f"mindie.coordinator.{m.name}" for m in pkgutil.iter_modules(coordinator.__path__)]
-WIRE = ["mindie.engine.request", "mindie.engine.stats", "mindie.server.results", "mindie.server.responses",
+WIRE = ["mindie.engine.request", "mindie.engine.stats", "mindie.server.results", "mindie.server.http",
         "mindie.pd.records", "mindie.pd.params", "mindie.pd.http", *PROTOCOLS, *COORDINATOR]
 HEAVY = ["torch", "mindie._C", "mindie.engine.engine"]
 # module -> its family; modules outside this table are shared by several families
 FAMILIES = {"native": "native", "tgi": "tgi", "vllm": "vllm", "triton": "triton", "openai": "openai",
-            "openai_chat": "openai", "openai_completions": "openai", "openai_responses": "openai",
-            "responses_request": "openai", "responses_store": "openai"}
+            "openai_chat": "openai", "openai_family": "openai", "openai_completions": "openai",
+            "openai_responses": "openai", "responses_request": "openai", "responses_store": "openai"}
 
 
 def test_wire_modules_load_without_torch_or_the_engine():

@@ -1,4 +1,5 @@
-"""MindIE's native API: POST /infer (text) and /infer_token (token ids), per seed 000."""
+"""MindIE's native API: POST /infer (text) and /infer_token (token ids), per seed 000, and its
+tokenizer route."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from mindie.engine.request import EngineRequest
-from mindie.server.errors import APIError
+from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, Seed, number, validate
+from mindie.server.http import json_response
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -27,6 +30,9 @@ from mindie.server.protocols.params import (
 from mindie.server.results import Result, StreamItem
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+
     from mindie.server.serving import Serving
 
 
@@ -105,3 +111,31 @@ def _details(result: Result, full: bool) -> dict[str, Any]:
         d["generated_token_ids"] = s.token_ids
     d["seed"] = result.seed
     return d
+
+
+class TokenizerRequest(Body):
+    inputs: str
+    do_decode: bool = True
+
+
+async def tokenizer(ctx: Serving, request: Request, body: bytes) -> Response:
+    req = validate(TokenizerRequest, body)
+    if not req.inputs:
+        raise APIError(422, "inputs must be a non-empty string", "inputs")
+    ctx.check_text(req.inputs, "inputs")
+    ids = ctx.tokenizer.encode(req.inputs)
+    tokens: list[Any] = [ctx.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if req.do_decode else ids
+    return json_response({"token_number": len(ids), "tokens": tokens})
+
+
+FAMILY = Family(
+    "native", ErrorStyle.MINDIE, sse,
+    lambda body: plain_prompt(body["inputs"] if "inputs" in body else body.get("input_id")),
+    routes=(
+        Route("POST", "/infer", Kind.GENERATE, parse, stream=None, body_model=InferRequest,
+              summary="MindIE native text generation"),
+        Route("POST", "/infer_token", Kind.GENERATE, parse, stream=None, body_model=InferRequest,
+              summary="MindIE native, token ids in"),
+        Route("POST", "/v1/tokenizer", Kind.INFO, handler=tokenizer, body_model=TokenizerRequest,
+              summary="MindIE tokenizer"),
+    ))

@@ -15,10 +15,10 @@ from starlette.responses import Response
 from mindie.engine.request import SamplingParams, TokenLogprob
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, number
+from mindie.server.http import json_response
 from mindie.server.protocols.base import Renderer, sse
 from mindie.server.protocols.guided import GuidedFields
 from mindie.server.protocols.params import SamplingFields
-from mindie.server.responses import json_response
 from mindie.server.results import Result
 
 if TYPE_CHECKING:

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import describe, validate
+from mindie.server.http import json_response
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import UNNAMED, Call, dumps
 from mindie.server.protocols.guided import ResponseFormat, compile_checked
@@ -48,7 +49,6 @@ from mindie.server.protocols.responses_request import (
     unsupported,
 )
 from mindie.server.protocols.responses_store import ResponseStore, store_of, stored_response
-from mindie.server.responses import json_response
 from mindie.server.results import Result, StreamItem
 from mindie.structured.tool_parser import ContentDelta, ToolCallArguments, ToolCallParser, ToolCallStart
 

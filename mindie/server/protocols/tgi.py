@@ -7,9 +7,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from mindie.engine.request import EngineRequest, SamplingParams, TokenLogprob
-from mindie.server.errors import APIError
+from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import Constraint, compile_guided, schema_value
 from mindie.server.protocols.params import (
     ContentPart,
@@ -190,3 +191,12 @@ class TGIRenderer(Renderer):
         if self.p.top_n_tokens:
             details["top_tokens"] = [self._top(lp) for lp in s.logprobs]
         return details
+
+
+FAMILY = Family("tgi", ErrorStyle.MINDIE, sse, lambda body: plain_prompt(body.get("inputs")), routes=(
+    Route("POST", "/generate", Kind.GENERATE, parse_generate, claims="inputs", body_model=TGIRequest,
+          summary="TGI (a body with `inputs`)"),
+    Route("POST", "/generate_stream", Kind.GENERATE, parse_generate_stream, stream=True, body_model=TGIRequest,
+          summary="TGI streaming"),
+    Route("POST", "/", Kind.GENERATE, parse_root, stream=None, body_model=TGIRequest, summary="TGI root"),
+))

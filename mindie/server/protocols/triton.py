@@ -13,9 +13,11 @@ from starlette.responses import Response
 
 from mindie import __version__
 from mindie.engine.request import EngineRequest
-from mindie.server.errors import APIError
+from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
+from mindie.server.http import json_response
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
+from mindie.server.protocols.family import Family, Kind, Prompt, Route, plain_prompt
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -28,7 +30,6 @@ from mindie.server.protocols.params import (
     join_parts,
     sampling_params,
 )
-from mindie.server.responses import json_response
 from mindie.server.results import Result, StreamItem
 
 if TYPE_CHECKING:
@@ -219,3 +220,27 @@ async def model_config(ctx: Serving, request: Request) -> Response:
         "max_seq_len": ctx.settings.engine.max_seq_len, "npu_mem_size": -1, "cpu_mem_size": 0, "world_size": 1,
         "model_weight_path": os.path.basename(ctx.settings.model_path or "SmolLM2-135M-Instruct.Q4_1.gguf"),
         "model_instance_type": "Standard"})
+
+
+def _prompt(body: dict[str, Any]) -> Prompt | None:
+    if "text_input" in body:
+        return plain_prompt(body["text_input"])
+    inputs = body.get("inputs")
+    tensor = inputs[0] if isinstance(inputs, list) and inputs else None
+    return plain_prompt(tensor.get("data")) if isinstance(tensor, dict) else None
+
+
+# Triton's stream events are `data:` without the space.
+FAMILY = Family("triton", ErrorStyle.MINDIE, lambda body: sse(body, space=False), _prompt, client_id="id", routes=(
+    Route("POST", "/v2/models/{model}/generate", Kind.GENERATE, parse_generate, body_model=TritonTextRequest,
+          summary="Triton text generation"),
+    Route("POST", "/v2/models/{model}/generate_stream", Kind.GENERATE, parse_generate_stream, stream=True,
+          body_model=TritonTextRequest, summary="Triton streaming text generation"),
+    Route("POST", "/v2/models/{model}/infer", Kind.GENERATE, parse_infer, body_model=TritonTokenRequest,
+          summary="Triton token tensors"),
+    Route("POST", "/v2/models/{model}/stopInfer", Kind.CONTROL, handler=stop_infer, body_model=StopRequest,
+          summary="Cancel a request by id"),
+    Route("GET", "/v2", Kind.INFO, handler=server_metadata),
+    Route("GET", "/v2/models/{model}", Kind.INFO, handler=model_metadata),
+    Route("GET", "/v2/models/{model}/config", Kind.INFO, handler=model_config),
+))

@@ -11,13 +11,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie.engine.request import EngineRequest
-from mindie.server.errors import APIError
+from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, validate
+from mindie.server.http import json_response
 from mindie.server.protocols.base import UNNAMED, Call, Renderer, dumps
+from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import GuidedFields, compile_guided, one_of
 from mindie.server.protocols.messages import render_chat
 from mindie.server.protocols.params import ContentPart, SamplingFields, TokenId, join_parts
-from mindie.server.responses import json_response
 from mindie.server.results import Result, StreamItem
 
 if TYPE_CHECKING:
@@ -142,3 +143,16 @@ async def tokenizer_info(ctx: Serving, request: Request) -> Response:
         "add_bos_token": tok.add_bos_token,
         "chat_template": tok.chat_template,
     })
+
+
+# vLLM's tokenizer routes come from its OpenAI server: they answer in OpenAI's error shape.
+FAMILY = Family("vllm", ErrorStyle.MINDIE, lambda body: (dumps(body) + "\0").encode(),
+                lambda body: plain_prompt(body.get("prompt")), routes=(
+    Route("POST", "/generate", Kind.GENERATE, parse, stream=None, claims="prompt", body_model=VLLMRequest,
+          summary="vLLM (a body with `prompt`)"),
+    Route("POST", "/tokenize", Kind.INFO, handler=tokenize, body_model=TokenizeRequest, summary="vLLM tokenize",
+          style=ErrorStyle.OPENAI),
+    Route("POST", "/detokenize", Kind.INFO, handler=detokenize, body_model=DetokenizeRequest,
+          summary="vLLM detokenize", style=ErrorStyle.OPENAI),
+    Route("GET", "/tokenizer_info", Kind.INFO, handler=tokenizer_info, style=ErrorStyle.OPENAI),
+))
