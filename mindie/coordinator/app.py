@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import httpx
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -23,10 +24,12 @@ from mindie.coordinator.relay import error_response as relay_error
 from mindie.coordinator.requests import DuplicateRequestId
 from mindie.coordinator.service import Coordinator
 from mindie.server.errors import APIError, ErrorStyle
+from mindie.server.fields import describe, validate
 from mindie.server.http import check_json_body, error_response, read_body, unknown_route
 from mindie.server.protocols.families import Served
 from mindie.server.protocols.families import served as served_routes
 from mindie.server.protocols.family import Kind, claimant
+from mindie.server.protocols.triton import StopRequest
 
 log = logging.getLogger("mindie.coordinator")
 
@@ -111,17 +114,14 @@ def _stop_infer(coord: Coordinator) -> Endpoint:
 
     async def endpoint(request: Request) -> Response:
         try:
-            body = json.loads(await _post_body(coord, request))
+            rid = validate(StopRequest, await _post_body(coord, request)).id
+            tracked = coord.table.get(rid)
+            if tracked is None:
+                raise APIError(404, f"RequestId is {rid} not found.", "id")
         except APIError as exc:
             return error_response(exc, ErrorStyle.MINDIE)
-        except (ValueError, UnicodeDecodeError):
-            return error_response(APIError(422, "Req body converts to json fail."), ErrorStyle.MINDIE)
-        rid = body.get("id") if isinstance(body, dict) else None
-        if not isinstance(rid, str) or not rid:
-            return error_response(APIError(422, "id must be a non-empty string", "id"), ErrorStyle.MINDIE)
-        tracked = coord.table.get(rid)
-        if tracked is None:
-            return error_response(APIError(404, f"RequestId is {rid} not found.", "id"), ErrorStyle.MINDIE)
+        except ValidationError as exc:
+            return error_response(APIError(422, *describe(exc)), ErrorStyle.MINDIE)
         coord.stop_infer(tracked)
         return JSONResponse({"id": rid})
 
