@@ -8,7 +8,8 @@ import argparse
 import os
 import sys
 
-from mindie.server.config import ConfigError, ServerSettings
+from mindie.config_keys import ConfigError
+from mindie.server.config import ServerSettings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,13 +84,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _coordinator(path: str) -> None:
-    from mindie.coordinator.config import ConfigError as CoordinatorConfigError
     from mindie.coordinator.config import CoordinatorConfig
     from mindie.coordinator.launcher import run as run_coordinator
 
     try:
         config = CoordinatorConfig.from_file(path)
-    except (CoordinatorConfigError, OSError) as exc:
+    except (ConfigError, OSError) as exc:
         sys.exit(f"mindie coordinator: configuration error: {exc}")
     if not config.instances:
         sys.exit("mindie coordinator: configuration error: `instances` lists no P or D instance")

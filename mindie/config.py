@@ -1,8 +1,8 @@
 """Engine configuration: MindIE's ModelDeployConfig / ScheduleConfig keys, with their ranges.
 
 `EngineConfig.from_mindie` takes the keys as MindIE spells them (`cacheBlockSize`,
-`maxPrefillTokens`, ...). An unknown key or an out-of-range value raises ValueError naming the
-key and its allowed range. Unlike MindIE, maxPrefillTokens may be smaller than maxInputTokenLen:
+`maxPrefillTokens`, ...). An unknown key or an out-of-range value raises ConfigError (a
+ValueError) naming the key and its allowed range. Unlike MindIE, maxPrefillTokens may be smaller than maxInputTokenLen:
 long prompts are prefilled in chunks (SplitFuse is always on).
 
 The token limits (maxSeqLen, maxInputTokenLen, maxIterTimes) may be left unset: the engine then
@@ -12,24 +12,26 @@ fixed defaults (2560, 2048, 512) that would cut a long-context model's prompts s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from mindie.config_keys import ConfigError, Key
 from mindie.engine.scheduler import SchedulerConfig
 
-# MindIE key -> (EngineConfig field, minimum, maximum)
-_KEYS: dict[str, tuple[str, float, float]] = {
-    "cacheBlockSize": ("block_size", 1, 128),
-    "maxSeqLen": ("max_seq_len", 1, 2**31 - 1),
-    "maxInputTokenLen": ("max_input_token_len", 1, 4194304),
-    "maxIterTimes": ("max_iter_times", 1, 2**31 - 1),
-    "maxPrefillTokens": ("max_prefill_tokens", 1, 4194304),
-    "maxPrefillBatchSize": ("max_prefill_batch_size", 0, 819200),
-    "maxBatchSize": ("max_batch_size", 1, 819200),
-    "maxPreemptCount": ("max_preempt_count", 0, 819200),
-    "kvCacheMemGB": ("kv_cache_mem_gb", 0.001, 1024),
-    "numKvBlocks": ("num_kv_blocks", 1, 2**31 - 1),
-    "enablePrefixCache": ("enable_prefix_caching", 0, 1),
+_INT_MAX = 2**31 - 1
+# MindIE key -> (EngineConfig field, its type and range); config.json's sections use these same keys
+ENGINE_KEYS: dict[str, tuple[str, Key]] = {
+    "cacheBlockSize": ("block_size", Key("int", lo=1, hi=128)),
+    "maxSeqLen": ("max_seq_len", Key("int", lo=2, hi=_INT_MAX)),  # a one-token prompt and one output token
+    "maxInputTokenLen": ("max_input_token_len", Key("int", lo=1, hi=4194304)),
+    "maxIterTimes": ("max_iter_times", Key("int", lo=1, hi=_INT_MAX)),
+    "maxPrefillTokens": ("max_prefill_tokens", Key("int", lo=1, hi=4194304)),
+    "maxPrefillBatchSize": ("max_prefill_batch_size", Key("int", lo=0, hi=819200)),
+    "maxBatchSize": ("max_batch_size", Key("int", lo=1, hi=819200)),
+    "maxPreemptCount": ("max_preempt_count", Key("int", lo=0, hi=819200)),
+    "kvCacheMemGB": ("kv_cache_mem_gb", Key("num", lo=0.001, hi=1024)),
+    "numKvBlocks": ("num_kv_blocks", Key("int", lo=1, hi=_INT_MAX)),
+    "enablePrefixCache": ("enable_prefix_caching", Key("bool")),
 }
 
 DEFAULT_MAX_ITER_TIMES = 512  # MindIE's default maxIterTimes
@@ -80,24 +82,18 @@ class EngineConfig:
     enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        for key, (name, lo, hi) in _KEYS.items():
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) and name != "enable_prefix_caching":
-                raise ValueError(f"{key} must be a number in [{lo}, {hi}], got {value!r}")
-            if not lo <= value <= hi:
-                raise ValueError(f"{key} must be in [{lo}, {hi}], got {value!r}")
+        for key, (name, spec) in ENGINE_KEYS.items():
+            if getattr(self, name) is not None:
+                spec.parse(key, getattr(self, name))
         if self.max_seq_len is not None and self.max_iter_times is not None and self.max_iter_times > self.max_seq_len:
             raise ValueError(f"maxIterTimes must be in [1, maxSeqLen={self.max_seq_len}], got {self.max_iter_times}")
 
     @classmethod
     def from_mindie(cls, keys: dict[str, Any]) -> EngineConfig:
-        unknown = sorted(set(keys) - set(_KEYS))
+        unknown = sorted(set(keys) - set(ENGINE_KEYS))
         if unknown:
-            raise ValueError(f"unknown engine config key(s) {unknown}; known: {sorted(_KEYS)}")
-        known = {f.name for f in fields(cls)}
-        return cls(**{_KEYS[k][0]: v for k, v in keys.items() if _KEYS[k][0] in known})
+            raise ConfigError(f"unknown engine config key(s) {unknown}; known: {sorted(ENGINE_KEYS)}")
+        return cls(**{ENGINE_KEYS[k][0]: v for k, v in keys.items()})
 
     def limits(self, model_context: int, kv_tokens: int) -> TokenLimits:
         """The token limits for a model of `model_context` positions over a KV cache that holds

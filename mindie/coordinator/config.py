@@ -19,16 +19,12 @@ addresses (P accepts nothing else in `d-target`), see `instances.py`.
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-
-class ConfigError(ValueError):
-    pass
+from mindie.config_keys import ConfigError, Key, check_section
 
 
 class Role(StrEnum):
@@ -36,142 +32,72 @@ class Role(StrEnum):
     DECODE = "decode"
 
 
-@dataclass(frozen=True)
-class _Key:
-    # "port", "int", "num", "bool", "str", "ip", "host" (an IP or a DNS name), "numstr" (a number written as a
-    # string), "dict"
-    kind: str
-    default: Any
-    lo: float | None = None
-    hi: float | None = None
-    choices: tuple[Any, ...] | None = None
-    honoured: bool = True
-
-    def parse(self, path: str, value: Any) -> Any:
-        rule = f" in [{self.lo:g}, {self.hi:g}]" if self.lo is not None and self.hi is not None else ""
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise ConfigError(f"{path} must be true or false, got {value!r}")
-            if self.choices is not None and value not in self.choices:
-                raise ConfigError(f"{path} can only be {json.dumps(self.choices[0])} here, got {json.dumps(value)}")
-            return value
-        if self.kind in ("str", "ip", "host"):
-            if not isinstance(value, str):
-                raise ConfigError(f"{path} must be a string, got {value!r}")
-            if self.kind == "ip" and not is_ip(value):
-                raise ConfigError(f"{path} must be an IP address, got {value!r}")
-            if self.kind == "host" and not (is_ip(value) or is_dns_name(value)):
-                raise ConfigError(f"{path} must be an IP address or a DNS name, got {value!r}")
-            if self.choices is not None and value not in self.choices:
-                raise ConfigError(f"{path} must be one of {list(self.choices)}, got {value!r}")
-            return value
-        if self.kind == "dict":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path} must be an object, got {value!r}")
-            return value
-        number: float
-        if self.kind in ("port", "numstr") and isinstance(value, str):
-            try:
-                number = float(value) if self.kind == "numstr" else int(value, 10)
-            except ValueError:
-                raise ConfigError(f"{path} must be a number{rule}, got {value!r}") from None
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = value
-        else:
-            raise ConfigError(f"{path} must be a number{rule}, got {value!r}")
-        if self.kind in ("port", "int") and number != int(number):
-            raise ConfigError(f"{path} must be an integer{rule}, got {value!r}")
-        if (self.lo is not None and number < self.lo) or (self.hi is not None and number > self.hi):
-            raise ConfigError(f"{path} must be{rule}, got {value!r}")
-        return int(number) if self.kind in ("port", "int") else number
+def _port(default: int) -> Key:
+    return Key("port", str(default), 1024, 65535)
 
 
-def is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
-
-
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-
-
-def is_dns_name(value: str) -> bool:
-    """A host name as RFC 1123 has it: dot-separated labels of letters, digits and inner hyphens,
-    63 characters each, 253 in all, one trailing dot allowed. A last label of digits only is
-    refused: such a name reads as a mistyped IPv4 address (`10.0.0.300`)."""
-    labels = value.removesuffix(".").split(".")
-    return (len(value.removesuffix(".")) <= 253 and all(_LABEL.fullmatch(label) for label in labels)
-            and not labels[-1].isdigit())
-
-
-def _port(default: int) -> _Key:
-    return _Key("port", str(default), 1024, 65535)
-
-
-_SECTIONS: dict[str, dict[str, _Key]] = {
+_SECTIONS: dict[str, dict[str, Key]] = {
     "http_config": {
-        "allow_all_zero_ip_listening": _Key("bool", False),
-        "predict_ip": _Key("ip", "127.0.0.1"), "predict_port": _port(1025),
-        "manage_ip": _Key("ip", "127.0.0.1"), "manage_port": _port(1026),
-        "alarm_port": _Key("port", "1027", 1024, 65535, honoured=False),  # alarms go to a controller we have none of
+        "allow_all_zero_ip_listening": Key("bool", False),
+        "predict_ip": Key("ip", "127.0.0.1"), "predict_port": _port(1025),
+        "manage_ip": Key("ip", "127.0.0.1"), "manage_port": _port(1026),
+        "alarm_port": Key("port", "1027", 1024, 65535, honoured=False),  # alarms go to a controller we have none of
         "external_port": _port(1028), "status_port": _port(1029),
-        "server_thread_num": _Key("int", 10, 1, 10000, honoured=False),  # one event loop serves every listener
-        "client_thread_num": _Key("int", 10, 1, 10000, honoured=False),
-        "http_timeout_seconds": _Key("int", 600, 0, 3600),
-        "keep_alive_seconds": _Key("int", 180, 0, 3600),
-        "server_name": _Key("str", "MindIE-MS"),
-        "user_agent": _Key("str", "Coordinator/1.0"),
+        "server_thread_num": Key("int", 10, 1, 10000, honoured=False),  # one event loop serves every listener
+        "client_thread_num": Key("int", 10, 1, 10000, honoured=False),
+        "http_timeout_seconds": Key("int", 600, 0, 3600),
+        "keep_alive_seconds": Key("int", 180, 0, 3600),
+        "server_name": Key("str", "MindIE-MS"),
+        "user_agent": Key("str", "Coordinator/1.0"),
     },
     "request_limit": {
-        "single_node_max_requests": _Key("int", 1000, 1, 15000),  # the docs say 2000, the code accepts 15000
-        "max_requests": _Key("int", 10000, 1, 90000),
-        "body_limit": _Key("int", 1, 1, 20),
+        "single_node_max_requests": Key("int", 1000, 1, 15000),  # the docs say 2000, the code accepts 15000
+        "max_requests": Key("int", 10000, 1, 90000),
+        "body_limit": Key("int", 1, 1, 20),
     },
     "metrics_config": {
-        "enable": _Key("bool", False, honoured=False),
-        "trigger_size": _Key("int", 100, 1, 10000, honoured=False),
+        "enable": Key("bool", False, honoured=False),
+        "trigger_size": Key("int", 100, 1, 10000, honoured=False),
     },
-    "prometheus_metrics_config": {"reuse_time": _Key("int", 3, 1, 100)},
+    "prometheus_metrics_config": {"reuse_time": Key("int", 3, 1, 100)},
     "exception_config": {
-        "max_retry": _Key("int", 5, 0, 10),
-        "schedule_timeout": _Key("int", 600, 0, 65535),
-        "first_token_timeout": _Key("int", 600, 0, 65535),
-        "infer_timeout": _Key("int", 600, 0, 65535),
-        "tokenizer_timeout": _Key("int", 300, 0, 3600),
+        "max_retry": Key("int", 5, 0, 10),
+        "schedule_timeout": Key("int", 600, 0, 65535),
+        "first_token_timeout": Key("int", 600, 0, 65535),
+        "infer_timeout": Key("int", 600, 0, 65535),
+        "tokenizer_timeout": Key("int", 300, 0, 3600),
     },
     "log_info": {
-        "log_level": _Key("str", "INFO", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")),
-        "to_file": _Key("bool", True, honoured=False), "to_stdout": _Key("bool", True, honoured=False),
-        "run_log_path": _Key("str", "", honoured=False), "operation_log_path": _Key("str", "", honoured=False),
-        "max_log_str_size": _Key("int", 4096, 1, 2**31 - 1, honoured=False),
-        "max_log_file_size": _Key("int", 20, 1, 2**31 - 1, honoured=False),
-        "max_log_file_num": _Key("int", 10, 1, 2**31 - 1, honoured=False),
+        "log_level": Key("str", "INFO", choices=("DEBUG", "INFO", "WARN", "WARNING", "ERROR", "CRITICAL")),
+        "to_file": Key("bool", True, honoured=False), "to_stdout": Key("bool", True, honoured=False),
+        "run_log_path": Key("str", "", honoured=False), "operation_log_path": Key("str", "", honoured=False),
+        "max_log_str_size": Key("int", 4096, 1, 2**31 - 1, honoured=False),
+        "max_log_file_size": Key("int", 20, 1, 2**31 - 1, honoured=False),
+        "max_log_file_num": Key("int", 10, 1, 2**31 - 1, honoured=False),
     },
     "digs_scheduler_config": {
-        "deploy_mode": _Key("str", "pd_separate", choices=(
+        "deploy_mode": Key("str", "pd_separate", choices=(
             "pd_separate", "pd_disaggregation", "pd_disaggregation_single_container", "single_node")),
-        "scheduler_type": _Key("str", "digs_scheduler", choices=("digs_scheduler", "default_scheduler")),
-        "algorithm_type": _Key("str", "load_balance", choices=("load_balance", "cache_affinity", "round_robin")),
-        "cache_size": _Key("numstr", "100", 1, 2**31 - 1, honoured=False),
-        "slots_thresh": _Key("numstr", "0.05", 0, 1, honoured=False),
-        "block_thresh": _Key("numstr", "0.05", 0, 1, honoured=False),
-        "max_schedule_count": _Key("numstr", "10000", 1, 90000, honoured=False),
-        "reordering_type": _Key("str", "1", choices=("1", "2", "3"), honoured=False),
-        "max_res_num": _Key("numstr", "5000", 1, 2**31 - 1, honoured=False),
-        "res_limit_rate": _Key("numstr", "1.1", 0, 2000, honoured=False),
-        "select_type": _Key("str", "2", choices=("1", "2"), honoured=False),
-        "load_cost_values": _Key("str", "1, 0", honoured=False),
-        "load_cost_coefficient": _Key("str", "0, 0.22, 1024, 24, 6, 0, 1, 0, 1", honoured=False),
+        "scheduler_type": Key("str", "digs_scheduler", choices=("digs_scheduler", "default_scheduler")),
+        "algorithm_type": Key("str", "load_balance", choices=("load_balance", "cache_affinity", "round_robin")),
+        "cache_size": Key("numstr", "100", 1, 2**31 - 1, honoured=False),
+        "slots_thresh": Key("numstr", "0.05", 0, 1, honoured=False),
+        "block_thresh": Key("numstr", "0.05", 0, 1, honoured=False),
+        "max_schedule_count": Key("numstr", "10000", 1, 90000, honoured=False),
+        "reordering_type": Key("str", "1", choices=("1", "2", "3"), honoured=False),
+        "max_res_num": Key("numstr", "5000", 1, 2**31 - 1, honoured=False),
+        "res_limit_rate": Key("numstr", "1.1", 0, 2000, honoured=False),
+        "select_type": Key("str", "2", choices=("1", "2"), honoured=False),
+        "load_cost_values": Key("str", "1, 0", honoured=False),
+        "load_cost_coefficient": Key("str", "0, 0.22, 1024, 24, 6, 0, 1, 0, 1", honoured=False),
     },
     "backup_config": {
-        "database_server_dns": _Key("str", "etcd.default.svc.cluster.local", honoured=False),
-        "database_server_port": _Key("port", "2379", 1, 65535, honoured=False),
-        "function_enable": _Key("bool", False, choices=(False,)),
+        "database_server_dns": Key("str", "etcd.default.svc.cluster.local", honoured=False),
+        "database_server_port": Key("port", "2379", 1, 65535, honoured=False),
+        "function_enable": Key("bool", False, choices=(False,)),
     },
 }
-_TOP: dict[str, _Key] = {"string_token_rate": _Key("num", 4.02, 1, 100, honoured=False)}
+_TOP: dict[str, Key] = {"string_token_rate": Key("num", 4.02, 1, 100, honoured=False)}
 _TLS_PARTS = ("controller_server", "request_server", "mindie_client", "mindie_mangment", "external", "status",
               "etcd_server", "alarm_client")
 _TLS_ITEMS = ("ca_cert", "tls_cert", "tls_key", "tls_passwd", "tls_crl")
@@ -249,8 +175,8 @@ class CoordinatorConfig:
         ignored: list[str] = []
         v: dict[str, dict[str, Any]] = {}
         for name, keys in _SECTIONS.items():
-            v[name] = _section(name, raw.get(name, {}), keys, ignored)
-        _section("", {k: raw[k] for k in _TOP if k in raw}, _TOP, ignored)  # checked; feeds no cost model here
+            v[name] = check_section(name, raw.get(name, {}), keys, ignored)
+        check_section("", {k: raw[k] for k in _TOP if k in raw}, _TOP, ignored)  # checked; feeds no cost model here
         _check_tls(raw.get("tls_config", {}))
         http, limits, exc, digs = v["http_config"], v["request_limit"], v["exception_config"], v[
             "digs_scheduler_config"]
@@ -288,25 +214,6 @@ class CoordinatorConfig:
         )
 
 
-def _section(name: str, section: Any, keys: dict[str, _Key], ignored: list[str]) -> dict[str, Any]:
-    prefix = f"{name}." if name else ""
-    if not isinstance(section, dict):
-        raise ConfigError(f"{name} must be an object, got {section!r}")
-    unknown = sorted(set(section) - set(keys))
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}{unknown[0]} (known in {name or 'the top level'}: "
-                          f"{', '.join(sorted(keys))})")
-    out = {}
-    for key, spec in keys.items():
-        if key in section:
-            out[key] = spec.parse(prefix + key, section[key])
-            if not spec.honoured:
-                ignored.append(prefix + key)
-        else:
-            out[key] = spec.parse(prefix + key, spec.default)
-    return out
-
-
 def _check_tls(tls: Any) -> None:
     """TLS is not implemented in the coordinator yet: its keys load, but a part switched on is refused
     rather than silently served in plain text. MindIE's default is on, ours off."""
@@ -342,13 +249,13 @@ def parse_instances(raw: Any) -> tuple[InstanceSpec, ...]:
                 raise ConfigError(f"{path}.{key} is required")
         if entry["role"] not in ("prefill", "decode"):
             raise ConfigError(f"{path}.role must be 'prefill' or 'decode', got {entry['role']!r}")
-        ip = _Key("host", "").parse(f"{path}.ip", entry["ip"])
+        ip = Key("host", "").parse(f"{path}.ip", entry["ip"])
         port = _port(0).parse(f"{path}.port", entry["port"])
         mgmt_port = _port(0).parse(f"{path}.mgmt_port", entry["mgmt_port"])
         specs.append(InstanceSpec(
-            id=_Key("int", 0, 0, 2**63 - 1).parse(f"{path}.id", entry.get("id", i)),
+            id=Key("int", 0, 0, 2**63 - 1).parse(f"{path}.id", entry.get("id", i)),
             role=Role(entry["role"]), ip=ip, port=port,
-            mgmt_ip=_Key("host", "").parse(f"{path}.mgmt_ip", entry.get("mgmt_ip", ip)),
+            mgmt_ip=Key("host", "").parse(f"{path}.mgmt_ip", entry.get("mgmt_ip", ip)),
             mgmt_port=mgmt_port,
             metrics_port=_port(0).parse(f"{path}.metrics_port", entry.get("metrics_port", mgmt_port)),
             inter_comm_port=(_port(0).parse(f"{path}.inter_comm_port", entry["inter_comm_port"])

@@ -30,7 +30,8 @@ from typing import Any
 
 import httpx
 
-from mindie.coordinator.config import InstanceSpec, Role, is_ip
+from mindie.config_keys import is_ip
+from mindie.coordinator.config import InstanceSpec, Role
 
 log = logging.getLogger("mindie.coordinator")
 

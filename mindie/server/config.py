@@ -16,161 +16,130 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mindie.config import EngineConfig
+from mindie.config import ENGINE_KEYS, EngineConfig
+from mindie.config_keys import ConfigError, Key, check_section
 
 _INT_MAX = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class _Key:
-    kind: type | tuple[type, ...]
-    lo: float | None = None
-    hi: float | None = None
-    choices: tuple[Any, ...] | None = None
-    honoured: bool = True
+_PORT = Key("int", lo=1024, hi=65535)
+_PATH = Key("str", honoured=False)
+_PATHS = Key("list", honoured=False)
+_BOOL = Key("bool")
 
-    def check(self, path: str, value: Any) -> None:
-        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
-        ok_type = any(
-            isinstance(value, k) and not (k in (int, float) and isinstance(value, bool)) for k in kinds
-        ) or (float in kinds and isinstance(value, int) and not isinstance(value, bool))
-        names = "/".join(k.__name__ for k in kinds)
-        if not ok_type:
-            raise ConfigError(f"{path} must be of type {names}{self._rule()}, got {value!r}")
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{path} must be one of {list(self.choices)}, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-                raise ConfigError(f"{path} must be in {self._rule().strip()}, got {value!r}")
-
-    def _rule(self) -> str:
-        if self.lo is None and self.hi is None:
-            return ""
-        return f" [{self.lo}, {self.hi}]"
-
-
-class ConfigError(ValueError):
-    pass
-
-
-_PORT = _Key(int, 1024, 65535)
-_PATH = _Key(str, honoured=False)
-_PATHS = _Key(list, honoured=False)
-_BOOL = _Key(bool)
-
-_SERVER: dict[str, _Key] = {
-    "ipAddress": _Key(str),
-    "managementIpAddress": _Key(str),
+_SERVER: dict[str, Key] = {
+    "ipAddress": Key("str"),
+    "managementIpAddress": Key("str"),
     "port": _PORT,
     "managementPort": _PORT,
     "metricsPort": _PORT,
     "allowAllZeroIpListening": _BOOL,
-    "maxLinkNum": _Key(int, 1, 4096),
+    "maxLinkNum": Key("int", lo=1, hi=4096),
     "httpsEnabled": _BOOL,
     "fullTextEnabled": _BOOL,
-    "tlsCaPath": _Key(str),
-    "tlsCaFile": _Key(list),
-    "tlsCert": _Key(str),
-    "tlsPk": _Key(str),
-    "tlsPkPwd": _Key(str),
-    "tlsCrlPath": _Key(str),
-    "tlsCrlFiles": _Key(list),
+    "tlsCaPath": Key("str"),
+    "tlsCaFile": Key("list"),
+    "tlsCert": Key("str"),
+    "tlsPk": Key("str"),
+    "tlsPkPwd": Key("str"),
+    "tlsCrlPath": Key("str"),
+    "tlsCrlFiles": Key("list"),
     "managementTlsCaFile": _PATHS, "managementTlsCert": _PATH, "managementTlsPk": _PATH,
     "managementTlsPkPwd": _PATH, "managementTlsCrlPath": _PATH, "managementTlsCrlFiles": _PATHS,
     "metricsTlsCaFile": _PATHS, "metricsTlsCert": _PATH, "metricsTlsPk": _PATH,
     "metricsTlsPkPwd": _PATH, "metricsTlsCrlPath": _PATH, "metricsTlsCrlFiles": _PATHS,
     "kmcKsfMaster": _PATH, "kmcKsfStandby": _PATH,
-    "inferMode": _Key(str, choices=("standard", "dmi")),
-    "interCommTLSEnabled": _Key(bool),
+    "inferMode": Key("str", choices=("standard", "dmi")),
+    "interCommTLSEnabled": Key("bool"),
     "interCommPort": _PORT,
     # Ours, not MindIE's: the shared secret P and D present to each other (MindIE uses mutual TLS).
-    "interCommToken": _Key(str),
+    "interCommToken": Key("str"),
     "interCommTlsCaPath": _PATH, "interCommTlsCaFiles": _PATHS, "interCommTlsCert": _PATH,
     "interCommPk": _PATH, "interCommPkPwd": _PATH, "interCommTlsCrlPath": _PATH, "interCommTlsCrlFiles": _PATHS,
-    "openAiSupport": _Key(str, honoured=False),  # one OpenAI handler: the vLLM-flavoured one
-    "tokenTimeout": _Key(int, 1, 3600),
-    "e2eTimeout": _Key(int, 1, 65535),
-    "maxRequestLength": _Key(int, 1, 100),
-    "maxJsonDepth": _Key(int, 2, 200, honoured=False),  # the JSON parser refuses depth > 200 anyway
-    "distDPServerEnabled": _Key(bool, choices=(False,)),
-    "HealthCheckConfig": _Key(dict, honoured=False),
+    "openAiSupport": Key("str", honoured=False),  # one OpenAI handler: the vLLM-flavoured one
+    "tokenTimeout": Key("int", lo=1, hi=3600),
+    "e2eTimeout": Key("int", lo=1, hi=65535),
+    "maxRequestLength": Key("int", lo=1, hi=100),
+    "maxJsonDepth": Key("int", lo=2, hi=200, honoured=False),  # the JSON parser refuses depth > 200 anyway
+    "distDPServerEnabled": Key("bool", choices=(False,)),
+    "HealthCheckConfig": Key("dict", honoured=False),
 }
 
-_BACKEND: dict[str, _Key] = {
-    "backendName": _Key(str, choices=("mindieservice_llm_engine",)),
-    "modelInstanceNumber": _Key(int, 1, 1),
-    "npuDeviceIds": _Key(list, honoured=False),
-    "tokenizerProcessNumber": _Key(int, 1, 32, honoured=False),
-    "multiNodesInferEnabled": _Key(bool, choices=(False,)),
-    "multiNodesInferPort": _Key(int, 1024, 65535, honoured=False),
-    "interNodeTLSEnabled": _Key(bool, honoured=False),
+_BACKEND: dict[str, Key] = {
+    "backendName": Key("str", choices=("mindieservice_llm_engine",)),
+    "modelInstanceNumber": Key("int", lo=1, hi=1),
+    "npuDeviceIds": Key("list", honoured=False),
+    "tokenizerProcessNumber": Key("int", lo=1, hi=32, honoured=False),
+    "multiNodesInferEnabled": Key("bool", choices=(False,)),
+    "multiNodesInferPort": Key("int", lo=1024, hi=65535, honoured=False),
+    "interNodeTLSEnabled": Key("bool", honoured=False),
     "interNodeTlsCaPath": _PATH, "interNodeTlsCaFiles": _PATHS, "interNodeTlsCert": _PATH, "interNodeTlsPk": _PATH,
     "interNodeTlsPkPwd": _PATH, "interNodeTlsCrlPath": _PATH, "interNodeTlsCrlFiles": _PATHS,
     "interNodeKmcKsfMaster": _PATH, "interNodeKmcKsfStandby": _PATH,
-    "kvPoolConfig": _Key(dict, honoured=False),
-    "ModelDeployConfig": _Key(dict),
-    "ScheduleConfig": _Key(dict),
+    "kvPoolConfig": Key("dict", honoured=False),
+    "ModelDeployConfig": Key("dict"),
+    "ScheduleConfig": Key("dict"),
 }
 
-_DEPLOY: dict[str, _Key] = {
-    "maxSeqLen": _Key(int, 2, _INT_MAX),
-    "maxInputTokenLen": _Key(int, 1, 4194304),
-    "truncation": _Key((int, bool), choices=(-1, 0, 1, True, False)),
-    "ModelConfig": _Key(list),
-    "LoraModules": _Key(list, honoured=False),
-    "maxLoras": _Key(int, honoured=False),
-    "maxLoraRank": _Key(int, honoured=False),
+_DEPLOY: dict[str, Key] = {
+    "maxSeqLen": ENGINE_KEYS["maxSeqLen"][1],
+    "maxInputTokenLen": ENGINE_KEYS["maxInputTokenLen"][1],
+    "truncation": Key("int|bool", choices=(-1, 0, 1, True, False)),
+    "ModelConfig": Key("list"),
+    "LoraModules": Key("list", honoured=False),
+    "maxLoras": Key("int", honoured=False),
+    "maxLoraRank": Key("int", honoured=False),
 }
 
-_MODEL: dict[str, _Key] = {
-    "modelInstanceType": _Key(str, choices=("Standard",)),
-    "modelName": _Key(str),
-    "modelWeightPath": _Key(str),
-    "worldSize": _Key(int, 1, 1),
-    "cpuMemSize": _Key(int, 0, _INT_MAX, honoured=False),
+_MODEL: dict[str, Key] = {
+    "modelInstanceType": Key("str", choices=("Standard",)),
+    "modelName": Key("str"),
+    "modelWeightPath": Key("str"),
+    "worldSize": Key("int", lo=1, hi=1),
+    "cpuMemSize": Key("int", lo=0, hi=_INT_MAX, honoured=False),
     # On this backend the "device" is the CPU: npuMemSize is the KV-cache budget in GB.
-    "npuMemSize": _Key((int, float), -1, _INT_MAX),
-    "backendType": _Key(str, honoured=False),
-    "trustRemoteCode": _Key(bool, choices=(False,)),
-    "kv_trans_timeout": _Key(int, 1, 3600),
-    "kv_link_timeout": _Key(int, honoured=False),
-    "async_scheduler_wait_time": _Key(int, honoured=False),
-    "plugin_params": _Key(str),
-    "models": _Key(dict, honoured=False),
-    "dtype": _Key(str, choices=("auto", "bfloat16", "float32")),
-    "quantization": _Key(str, choices=("auto", "none", "q8_0", "q4_0")),
+    "npuMemSize": Key("num", lo=-1, hi=_INT_MAX),
+    "backendType": Key("str", honoured=False),
+    "trustRemoteCode": Key("bool", choices=(False,)),
+    "kv_trans_timeout": Key("int", lo=1, hi=3600),
+    "kv_link_timeout": Key("int", honoured=False),
+    "async_scheduler_wait_time": Key("int", honoured=False),
+    "plugin_params": Key("str"),
+    "models": Key("dict", honoured=False),
+    "dtype": Key("str", choices=("auto", "bfloat16", "float32")),
+    "quantization": Key("str", choices=("auto", "none", "q8_0", "q4_0")),
 }
 
-_SCHEDULE: dict[str, _Key] = {
-    "templateType": _Key(str, choices=("Standard", "Mix"), honoured=False),
-    "templateName": _Key(str, honoured=False),
-    "cacheBlockSize": _Key(int, 1, 128),
-    "maxPrefillBatchSize": _Key(int, 0, 819200),
-    "maxPrefillTokens": _Key(int, 1, 4194304),
-    "prefillTimeMsPerReq": _Key(int, 0, 1000, honoured=False),
-    "prefillPolicyType": _Key(int, 0, 3, honoured=False),
-    "decodeTimeMsPerReq": _Key(int, 0, 1000, honoured=False),
-    "decodePolicyType": _Key(int, 0, 3, honoured=False),
-    "maxBatchSize": _Key(int, 1, 819200),
-    "maxIterTimes": _Key(int, 1, _INT_MAX),
-    "maxPreemptCount": _Key(int, 0, 819200),
-    "supportSelectBatch": _Key(bool, honoured=False),
-    "maxQueueDelayMicroseconds": _Key(int, 500, 1000000),
-    "maxFirstTokenWaitTime": _Key(int, 0, 3600000, honoured=False),
-    "maxN": _Key(int, 1, 128),
-    "prefillChunkSize": _Key(int, 1, 4194304, honoured=False),
-    "maxNumPartialPrefills": _Key(int, 1, 819200, honoured=False),
-    "longPrefillTokenThreshold": _Key(int, 1, 4194304, honoured=False),
-    "maxLongPartialPrefills": _Key(int, 1, 819200, honoured=False),
-    "enablePrefixCache": _BOOL,
-    "enableSplit": _Key(bool, honoured=False),
+_SCHEDULE: dict[str, Key] = {
+    "templateType": Key("str", choices=("Standard", "Mix"), honoured=False),
+    "templateName": Key("str", honoured=False),
+    "cacheBlockSize": ENGINE_KEYS["cacheBlockSize"][1],
+    "maxPrefillBatchSize": ENGINE_KEYS["maxPrefillBatchSize"][1],
+    "maxPrefillTokens": ENGINE_KEYS["maxPrefillTokens"][1],
+    "prefillTimeMsPerReq": Key("int", lo=0, hi=1000, honoured=False),
+    "prefillPolicyType": Key("int", lo=0, hi=3, honoured=False),
+    "decodeTimeMsPerReq": Key("int", lo=0, hi=1000, honoured=False),
+    "decodePolicyType": Key("int", lo=0, hi=3, honoured=False),
+    "maxBatchSize": ENGINE_KEYS["maxBatchSize"][1],
+    "maxIterTimes": ENGINE_KEYS["maxIterTimes"][1],
+    "maxPreemptCount": ENGINE_KEYS["maxPreemptCount"][1],
+    "supportSelectBatch": Key("bool", honoured=False),
+    "maxQueueDelayMicroseconds": Key("int", lo=500, hi=1000000),
+    "maxFirstTokenWaitTime": Key("int", lo=0, hi=3600000, honoured=False),
+    "maxN": Key("int", lo=1, hi=128),
+    "prefillChunkSize": Key("int", lo=1, hi=4194304, honoured=False),
+    "maxNumPartialPrefills": Key("int", lo=1, hi=819200, honoured=False),
+    "longPrefillTokenThreshold": Key("int", lo=1, hi=4194304, honoured=False),
+    "maxLongPartialPrefills": Key("int", lo=1, hi=819200, honoured=False),
+    "enablePrefixCache": ENGINE_KEYS["enablePrefixCache"][1],
+    "enableSplit": Key("bool", honoured=False),
 }
 
-_TOP: dict[str, _Key] = {
-    "Version": _Key(str, honoured=False),
-    "ServerConfig": _Key(dict),
-    "BackendConfig": _Key(dict),
-    "LogConfig": _Key(dict, honoured=False),
+_TOP: dict[str, Key] = {
+    "Version": Key("str", honoured=False),
+    "ServerConfig": Key("dict"),
+    "BackendConfig": Key("dict"),
+    "LogConfig": Key("dict", honoured=False),
     "EnableDynamicAdjustTimeoutConfig": _BOOL,
 }
 
@@ -181,19 +150,6 @@ CONTAINER_IP_ENV = "MIES_CONTAINER_IP"
 CONTAINER_MANAGEMENT_IP_ENV = "MIES_CONTAINER_MANAGEMENT_IP"
 
 _MODEL_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,254}[A-Za-z0-9])?")
-
-
-def _check_section(path: str, section: Any, keys: dict[str, _Key], ignored: list[str]) -> dict[str, Any]:
-    if not isinstance(section, dict):
-        raise ConfigError(f"{path} must be an object, got {type(section).__name__}")
-    for key, value in section.items():
-        spec = keys.get(key)
-        if spec is None:
-            raise ConfigError(f"unknown config key {path}.{key}; known keys of {path}: {sorted(keys)}")
-        spec.check(f"{path}.{key}", value)
-        if not spec.honoured:
-            ignored.append(f"{path}.{key}")
-    return section
 
 
 @dataclass(frozen=True)
@@ -276,15 +232,15 @@ class ServerSettings:
     @classmethod
     def from_dict(cls, raw: Any, base_dir: str = ".") -> ServerSettings:
         ignored: list[str] = []
-        top = _check_section("config", raw, _TOP, ignored)
-        server = _check_section("ServerConfig", top.get("ServerConfig", {}), _SERVER, ignored)
-        backend = _check_section("BackendConfig", top.get("BackendConfig", {}), _BACKEND, ignored)
-        deploy = _check_section("ModelDeployConfig", backend.get("ModelDeployConfig", {}), _DEPLOY, ignored)
-        schedule = _check_section("ScheduleConfig", backend.get("ScheduleConfig", {}), _SCHEDULE, ignored)
+        top = check_section("config", raw, _TOP, ignored)
+        server = check_section("ServerConfig", top.get("ServerConfig", {}), _SERVER, ignored)
+        backend = check_section("BackendConfig", top.get("BackendConfig", {}), _BACKEND, ignored)
+        deploy = check_section("ModelDeployConfig", backend.get("ModelDeployConfig", {}), _DEPLOY, ignored)
+        schedule = check_section("ScheduleConfig", backend.get("ScheduleConfig", {}), _SCHEDULE, ignored)
         models = deploy.get("ModelConfig", [{}]) or [{}]
         if len(models) != 1:
             raise ConfigError(f"ModelDeployConfig.ModelConfig must list exactly 1 model, got {len(models)}")
-        model = _check_section("ModelConfig[0]", models[0], _MODEL, ignored)
+        model = check_section("ModelConfig[0]", models[0], _MODEL, ignored)
 
         def path(p: str) -> str:
             return p if os.path.isabs(p) else os.path.normpath(os.path.join(base_dir, p))

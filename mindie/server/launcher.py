@@ -15,10 +15,11 @@ from typing import Any
 
 import uvicorn
 
+from mindie.config_keys import ConfigError
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
 from mindie.server.app import build_apps
-from mindie.server.config import ConfigError, ServerSettings
+from mindie.server.config import ServerSettings
 from mindie.server.dmi import PDNode
 from mindie.server.http import listener, start
 from mindie.server.metrics import ServerMetrics

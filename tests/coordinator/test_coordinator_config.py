@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from mindie.coordinator.config import ConfigError, CoordinatorConfig, Role
+from mindie.config_keys import ConfigError
+from mindie.coordinator.config import CoordinatorConfig, Role
 
 # MindIE's shipped ms_coordinator.json (MOTOR:mindie_motor/src/config/ms_coordinator.json), with TLS
 # switched off (not implemented here) and two of its tls_items kept to show they load.

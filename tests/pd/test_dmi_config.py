@@ -3,7 +3,8 @@ P and D stops start-up with a message saying what to set."""
 
 import pytest
 
-from mindie.server.config import TOKEN_ENV, ConfigError, ServerSettings
+from mindie.config_keys import ConfigError
+from mindie.server.config import TOKEN_ENV, ServerSettings
 
 
 def dmi(**server):

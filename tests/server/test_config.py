@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from mindie.cli import _parser, settings_from_args
-from mindie.server.config import ConfigError, ServerSettings
+from mindie.config_keys import ConfigError
+from mindie.server.config import ServerSettings
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "config.json")
 

@@ -19,8 +19,8 @@ from helpers.server import RunningServer, local_settings
 
 from mindie.cli import _parser, settings_from_args
 from mindie.config import EngineConfig
+from mindie.config_keys import ConfigError
 from mindie.model.loader import DEFAULT_MODEL_NAME, model_name
-from mindie.server.config import ConfigError
 
 NAME = "tiny-ctx-4096"  # the directory's name: what the server answers to
 CONTEXT = 4096
