@@ -52,7 +52,10 @@ class Key:
     honoured: bool = True  # False: accepted so a MindIE file loads, without effect here
 
     def _range(self) -> str:
-        return f" in [{self.lo:g}, {self.hi:g}]" if self.lo is not None and self.hi is not None else ""
+        def bound(v: float) -> str:
+            return str(int(v)) if float(v).is_integer() else str(v)
+
+        return f" in [{bound(self.lo)}, {bound(self.hi)}]" if self.lo is not None and self.hi is not None else ""
 
     def parse(self, path: str, value: Any) -> Any:
         """The value as the configuration means it (a port string as an integer); ConfigError when

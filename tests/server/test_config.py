@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from mindie.cli import _parser, settings_from_args
+from mindie.config import EngineConfig
 from mindie.config_keys import ConfigError
 from mindie.server.config import ServerSettings
 
@@ -65,3 +66,20 @@ def test_schedule_keys_reach_the_server():
     s = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": {"maxN": 4, "maxQueueDelayMicroseconds": 1000}}})
     assert s.max_n == 4 and s.queue_delay_s == 0.001
     assert "ServerConfig.openAiSupport" in ServerSettings.from_dict(_with(openAiSupport="vllm")).ignored
+
+
+@pytest.mark.parametrize("key, field, value, words", [
+    ("maxSeqLen", "max_seq_len", 1, "maxSeqLen must be in [2, 2147483647], got 1"),
+    ("maxPrefillTokens", "max_prefill_tokens", 0, "maxPrefillTokens must be in [1, 4194304], got 0"),
+    ("maxSeqLen", "max_seq_len", 1.5, "maxSeqLen must be an integer in [2, 2147483647], got 1.5"),
+])
+def test_an_engine_key_is_refused_alike_by_config_json_and_the_engine(key, field, value, words):
+    """One checker: config.json's ModelDeployConfig/ScheduleConfig and EngineConfig share each key's Key."""
+    section = "ModelDeployConfig" if key == "maxSeqLen" else "ScheduleConfig"
+    raw = {"BackendConfig": {section: {key: value}}}
+    with pytest.raises(ConfigError) as from_file:
+        ServerSettings.from_dict(raw)
+    with pytest.raises(ConfigError) as from_engine:
+        EngineConfig(**{field: value})
+    assert str(from_file.value) == f"{section}.{words}"
+    assert str(from_engine.value) == words
