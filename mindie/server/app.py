@@ -28,6 +28,7 @@ from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, describe
 from mindie.server.handler import generation
 from mindie.server.http import check_json_body, error_response, json_response, read_body, unknown_route
+from mindie.server.prefill import prefill
 from mindie.server.protocols.base import Call, Renderer
 from mindie.server.protocols.families import Served, served
 from mindie.server.protocols.family import Kind, Parse, claimant
@@ -46,11 +47,14 @@ class RouteSpec:
     plane: str
     method: str
     path: str
-    handler: Handler
+    handler: Handler | None  # None for a generation route: its parse runs in the handler of the node's mode
     style: ErrorStyle = ErrorStyle.MINDIE
     body_model: type[Body] | None = None  # documents the body in /openapi.json
     summary: str = ""
     public: bool = False  # answered without the API key (a liveness probe)
+    parse: Parse | None = None  # a generation route's family parse
+    wrap: Callable[[Handler], Handler] | None = None  # what the family puts around the generation handler
+    disaggregated: bool = True  # a generation route a prefill/decode pair can serve
 
 
 def _parse(served: Served) -> Parse:
@@ -70,15 +74,26 @@ def _parse(served: Served) -> Parse:
 
 def _family_route(served: Served) -> RouteSpec:
     routes = [route for _, route in served.candidates]
-    if served.kind is Kind.GENERATE:
-        handler = generation(_parse(served))
-        wrap = routes[0].wrap
-        handler = wrap(handler) if wrap is not None else handler
+    generates = served.kind is Kind.GENERATE
+    return RouteSpec(BUSINESS, served.method, served.path, None if generates else routes[0].handler, served.style,
+                     routes[0].body_model, " / ".join(r.summary for r in routes if r.summary),
+                     parse=_parse(served) if generates else None, wrap=routes[0].wrap,
+                     disaggregated=all(r.disaggregated for r in routes))
+
+
+def _handler(ctx: Serving, spec: RouteSpec) -> Handler:
+    """A generation route runs the one generation handler, or on a prefill node P's flow (same
+    parse, same renderer); the family's wrapper goes around either."""
+    if spec.parse is None:
+        assert spec.handler is not None
+        return spec.handler
+    parse = spec.parse
+    if ctx.pd is not None:
+        async def run(ctx: Serving, request: Request, body: bytes) -> Response:
+            return await prefill(ctx, request, body, parse)
     else:
-        assert routes[0].handler is not None
-        handler = routes[0].handler
-    return RouteSpec(BUSINESS, served.method, served.path, handler, served.style, routes[0].body_model,
-                     " / ".join(r.summary for r in routes if r.summary))
+        run = generation(parse)
+    return spec.wrap(run) if spec.wrap is not None else run
 
 
 # Load testers (guidellm) and proxies probe /health on the URL they are given, as vLLM and TGI
@@ -117,6 +132,7 @@ DMI_ROUTES: list[RouteSpec] = [
 
 
 def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Response]]:
+    handler = _handler(ctx, spec)
     guarded = spec.plane == BUSINESS and ctx.settings.api_key is not None and not spec.public
     expected = f"Bearer {ctx.settings.api_key}".encode() if guarded else b""
 
@@ -128,8 +144,8 @@ def _endpoint(ctx: Serving, spec: RouteSpec) -> Callable[[Request], Awaitable[Re
             if spec.method == "POST":
                 check_json_body(request)
                 body = await read_body(request, ctx.settings.max_request_bytes)
-                return await spec.handler(ctx, request, body)
-            return await spec.handler(ctx, request)
+                return await handler(ctx, request, body)
+            return await handler(ctx, request)
         except APIError as exc:
             return error_response(exc.for_style(spec.style), spec.style)
         except ValidationError as exc:
@@ -198,8 +214,8 @@ def build_apps(ctx: Serving) -> dict[tuple[str, int], Starlette]:
                METRICS: (s.management_host, s.metrics_port), INTERCOMM: (s.host, s.inter_comm_port)}
     routes: dict[tuple[str, int], list[Route]] = {}
     if ctx.pd is not None:
-        ctx.pd.routes = [dmi.GenerationRoute(spec.path, spec.handler.parse) for spec in ROUTES
-                         if hasattr(spec.handler, "parse")]
+        ctx.pd.routes = [dmi.GenerationRoute(spec.path, spec.parse) for spec in ROUTES
+                         if spec.parse is not None and spec.disaggregated]
     for spec in ROUTES + (DMI_ROUTES if ctx.pd is not None else []):
         routes.setdefault(address[spec.plane], []).append(Route(spec.path, _endpoint(ctx, spec), methods=[spec.method]))
     doc = openapi_document(ctx)

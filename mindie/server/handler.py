@@ -1,29 +1,26 @@
 """The one handler every generation route runs, whatever its API family: parse the body into a
 `Call` and a `Renderer`, start the call's engine requests, then answer one whole body or a stream
-of events. A family decides only which parse and which renderer run."""
+of events. A family decides only which parse and which renderer run. A prefill node runs its own
+flow (server/prefill.py) with the same parse and renderer instead: server/app.py picks one per mode."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mindie.server.errors import APIError
 from mindie.server.http import json_response
-from mindie.server.prefill import prefill
-from mindie.server.protocols.base import Call, Renderer
+from mindie.server.protocols.base import Renderer
+from mindie.server.protocols.family import Parse
 from mindie.server.results import Result
 from mindie.server.serving import Serving
 from mindie.server.streams import GenerationTimeout, OutputStream, merge
 
-Parse = Callable[[Serving, bytes, Mapping[str, str]], Awaitable[tuple[Call, Renderer]]]
-
 
 def generation(parse: Parse) -> Callable[[Serving, Request, bytes], Awaitable[Response]]:
     async def handle(ctx: Serving, request: Request, body: bytes) -> Response:
-        if ctx.pd is not None:  # inferMode dmi: the prefill node's flow, same parse and renderer
-            return await prefill(ctx, request, body, parse)
         call, renderer = await parse(ctx, body, request.path_params)
         # Both watch the client from the moment its requests are queued: one that gives up while
         # they wait for the engine aborts them before any step runs them.
@@ -33,7 +30,6 @@ def generation(parse: Parse) -> Callable[[Serving, Request, bytes], Awaitable[Re
         return StreamingResponse(_events(streams, renderer), media_type=renderer.media_type,
                                  headers={"Cache-Control": "no-cache"})
 
-    handle.parse = parse  # type: ignore[attr-defined]  # a decode node parses P's body again with it
     return handle
 
 

@@ -42,7 +42,7 @@ from mindie.server.results import Result, StreamItem
 from mindie.server.streams import merge
 
 if TYPE_CHECKING:
-    from mindie.server.handler import Parse
+    from mindie.server.protocols.family import Parse
     from mindie.server.serving import Serving
 
 log = logging.getLogger("mindie.server.prefill")
