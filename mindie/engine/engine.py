@@ -25,11 +25,11 @@ from mindie.config import EngineConfig
 from mindie.engine.block_manager import BlockManager
 from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.request import EngineRequest, FinishReason, KVExport, RequestOutput, TokenLogprob
+from mindie.engine.runner import ModelRunner, PromptLogits
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence
 from mindie.engine.stats import EngineStats
 from mindie.model.loader import LoadedModel
-from mindie.model.runner import ModelRunner, PromptLogits
 from mindie.sampling.beam import BeamSearch
 from mindie.sampling.sampler import sample
 
