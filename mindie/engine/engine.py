@@ -1,7 +1,7 @@
 """The engine: requests in, one step at a time, outputs out.
 
-step() = expire timeouts -> schedule -> run the model -> sample -> update sequences and emit
-outputs. Everything else hangs off those five lines.
+step() = schedule -> run the model -> sample -> update sequences and emit outputs. Everything
+else hangs off those four lines. (A request's time limits are the server's: it aborts the request.)
 
 A beam-search request runs as a group of sequences, one per live beam (`Sequence.lockstep`). Once
 every beam of the group is fully computed, its logits go to the request's `BeamSearch`
@@ -276,7 +276,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         started = time.monotonic()
-        outputs = self._expire_timeouts() + self._forced_preemptions()
+        outputs = self._forced_preemptions()
         scheduled = self.scheduler.schedule()
         outputs += [self._send_back(seq) for seq in scheduled.preempted if seq.request.recompute_elsewhere]
         if not scheduled.scheduled:
@@ -288,11 +288,6 @@ class LLMEngine:
         if seqs:
             outputs += self._update(seqs, logits, StepInfo(len(scheduled.scheduled), started))
         return outputs
-
-    def _expire_timeouts(self) -> list[RequestOutput]:
-        now = time.monotonic()
-        expired = [rid for rid, samples in self.requests.items() if samples[0].timed_out(now)]
-        return [out for rid in expired for out in self.abort(rid)]
 
     def _forced_preemptions(self) -> list[RequestOutput]:
         """The `preempt_at` test hook: preempted exactly as the scheduler would when short of blocks."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +92,3 @@ class Sequence:
     def sort_key(self) -> tuple[int, float]:
         """Priority first (1 before 5), then arrival: the order of admission and of survival."""
         return (self.request.priority, self.request.arrival_time)
-
-    def timed_out(self, now: float | None = None) -> bool:
-        timeout = self.request.timeout_s
-        return timeout is not None and (now or time.monotonic()) - self.request.arrival_time > timeout

@@ -4,7 +4,6 @@ tiny models, under batching, chunked prefill and preemption, with every block re
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
@@ -162,7 +161,7 @@ def test_mixed_with_plain_requests_and_preempted(loaded):
     assert {rid: result(outs) for rid, outs in mixed.items()} == alone
 
 
-def test_abort_and_timeout_in_every_phase_free_all_blocks(loaded):
+def test_abort_in_every_phase_frees_all_blocks(loaded):
     engine = make_engine(loaded, maxPrefillTokens=5)
     long_prompt = list(range(30))
     engine.add_request(EngineRequest("prefilling", long_prompt, beam(4, 2)))
@@ -182,11 +181,6 @@ def test_abort_and_timeout_in_every_phase_free_all_blocks(loaded):
     assert engine.blocks.num_used_blocks() < 5 * engine.blocks.num_blocks_needed(12)
     assert [o.finish_reason for o in engine.abort("decoding")] == [FinishReason.ABORT] * 3
     assert engine.abort("decoding") == []
-    engine.add_request(EngineRequest("late", [1, 2, 3], beam(2, 1, max_tokens=60), timeout_s=1e-3))
-    time.sleep(0.01)
-    timed_out = engine.step()
-    assert [(o.request_id, o.finish_reason, o.request_done) for o in timed_out] == [
-        ("late", FinishReason.ABORT, True)]
     assert not engine.has_unfinished() and engine.blocks.num_used_blocks() == 0
     engine.blocks.check_invariants()
 
