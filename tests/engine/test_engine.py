@@ -46,7 +46,7 @@ def run(engine: LLMEngine, reqs: list[EngineRequest]) -> dict[str, list[RequestO
         for o in engine.step():
             outs[o.request_id].append(o)
         engine.blocks.check_invariants()
-    assert not engine.has_unfinished() and not engine.requests and not engine.beam_searches
+    assert not engine.has_unfinished() and not engine.requests and not engine.beams.searches
     assert engine.blocks.num_used_blocks() == 0
     return outs
 

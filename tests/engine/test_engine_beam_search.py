@@ -274,7 +274,7 @@ def test_random_load_with_beams_and_aborts_never_leaks(loaded):
         for out in engine.step():
             outputs[out.request_id].append(out)
         engine.blocks.check_invariants()
-    assert engine.blocks.num_used_blocks() == 0 and not engine.requests and not engine._beam_logits
+    assert engine.blocks.num_used_blocks() == 0 and not engine.requests and not engine.beams.pending_logits
     beams = [outs for outs in outputs.values() if outs and outs[-1].beam_score is not None]
     assert len(beams) > 5
     for outs in outputs.values():

@@ -55,13 +55,13 @@ def hand_over(p: LLMEngine, d: LLMEngine, request: EngineRequest, first: Request
     after `emitted` (every output so far, P's last one included)."""
     kv_tokens = request.prompt_token_ids + token_ids(emitted)[:-1]
     assert first.kv is not None and first.kv.num_tokens == len(kv_tokens)
-    dst = d.reserve_kv(request.request_id, kv_tokens, len(kv_tokens))
+    dst = d.handoff.reserve_kv(request.request_id, kv_tokens, len(kv_tokens))
     assert dst is not None and len(dst) == len(first.kv.block_ids)
     src_idx, dst_idx = torch.tensor(first.kv.block_ids), torch.tensor(dst)
     for (pk, pv), (dk, dv) in zip(p.runner.kv_caches, d.runner.kv_caches):
         dk[dst_idx], dv[dst_idx] = pk[src_idx], pv[src_idx]
-    p.release_kv(first.kv.lease_id)
-    d.resume(dataclasses.replace(request, continuation=continuation(emitted)))
+    p.handoff.release_kv(first.kv.lease_id)
+    d.handoff.resume(dataclasses.replace(request, continuation=continuation(emitted)))
 
 
 @pytest.mark.parametrize("params", [
@@ -86,7 +86,7 @@ def test_handoff_continues_exactly(loaded, params):
     assert token_ids([first] + rest) == token_ids(expected)
     assert "".join(o.new_text for o in [first] + rest) == "".join(o.new_text for o in expected)
     assert rest[-1].finish_reason == expected[-1].finish_reason and rest[-1].request_done
-    assert d.blocks.num_used_blocks() == 0 and not d.reserved
+    assert d.blocks.num_used_blocks() == 0 and not d.handoff.reserved
 
 
 def test_handoff_that_ends_at_its_first_token_keeps_nothing(loaded):
@@ -102,21 +102,21 @@ def test_a_held_lease_keeps_its_request_id(loaded):
     [out] = drain(p)
     with pytest.raises(ValueError, match="still has KV blocks held"):
         p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4), handoff=True))
-    p.release_kv(out.kv.lease_id)
-    p.release_kv(out.kv.lease_id)  # idempotent
+    p.handoff.release_kv(out.kv.lease_id)
+    p.handoff.release_kv(out.kv.lease_id)  # idempotent
     assert p.blocks.num_used_blocks() == 0
 
 
 def test_reservation_refused_or_dropped(loaded):
     d = engine(loaded)
-    assert d.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32
-    assert d.reserve_kv("r", [1, 2, 3], 3) is not None
+    assert d.handoff.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32
+    assert d.handoff.reserve_kv("r", [1, 2, 3], 3) is not None
     with pytest.raises(ValueError, match="already in use"):
-        d.reserve_kv("r", [1, 2, 3], 3)
-    d.drop_reserved("r")
+        d.handoff.reserve_kv("r", [1, 2, 3], 3)
+    d.handoff.drop_reserved("r")
     assert d.blocks.num_used_blocks() == 0
     with pytest.raises(ValueError, match="no reserved KV"):
-        d.resume(EngineRequest("r", [1, 2, 3], SamplingParams(), continuation=Continuation([4], 0, 0.0)))
+        d.handoff.resume(EngineRequest("r", [1, 2, 3], SamplingParams(), continuation=Continuation([4], 0, 0.0)))
 
 
 @pytest.mark.parametrize("params", [
