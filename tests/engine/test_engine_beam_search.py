@@ -199,7 +199,7 @@ def test_llm_generate_returns_the_n_beams(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), dtype="float32", cacheBlockSize=4, maxSeqLen=256, maxIterTimes=64)
     params = beam(4, 3, 1.0, False, max_tokens=10)
     result = llm.generate({"prompt_token_ids": [9, 8, 7, 6]}, params, use_tqdm=False)[0]
-    engine = make_engine(llm.engine.tiny_llama)
+    engine = make_engine(llm.engine.loaded)
     want = run(engine, [EngineRequest("r", [9, 8, 7, 6], params)])["r"]
     assert [c.index for c in result.outputs] == [0, 1, 2]
     assert [c.token_ids for c in result.outputs] == [o.new_token_ids for o in want]
