@@ -9,12 +9,13 @@ Beam-search groups live in `beams` (engine/beam_search.py), the prefill/decode h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import secrets
 import time
 
 import torch
 
-from mindie.config import EngineConfig
+from mindie.config import EngineConfig, TokenLimits
 from mindie.engine.beam_search import BeamSearches
 from mindie.engine.block_manager import BlockManager
 from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
@@ -34,6 +35,26 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * element
 
 
+def max_total_tokens(request: EngineRequest, width: int, limits: TokenLimits, blocks: BlockManager,
+                     max_position: int) -> int:
+    """Prompt + the most tokens the request may reach; ValueError if that leaves no output."""
+    prompt_len = len(request.prompt_token_ids)
+    params = request.params
+    max_new = min(params.max_tokens or limits.max_iter_times, limits.max_iter_times)
+    max_total = min(prompt_len + max_new, limits.max_seq_len, max_position)
+    # All beams of a group must fit at once even sharing no block (as when they are recomputed
+    # after a preemption), so that a group alone in the pool always completes.
+    capacity = blocks.num_blocks // width * blocks.block_size
+    if max_total > capacity:
+        max_total = capacity
+    if max_total <= prompt_len:
+        raise ValueError(
+            f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
+            f"{limits.max_seq_len} and the KV cache ({capacity} tokens)"
+        )
+    return max_total
+
+
 class LLMEngine:
     def __init__(self, loaded: LoadedModel, config: EngineConfig) -> None:
         """ValueError if the config's token limits do not fit the model and its KV cache."""
@@ -50,6 +71,10 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, self.blocks)
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples or live beams
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        # Not a bound method: the parts must not refer back to the engine, so that a dropped engine
+        # (and its KV cache) is freed at once rather than by a later cycle collection.
+        self._max_total = functools.partial(max_total_tokens, limits=self.limits, blocks=self.blocks,
+                                            max_position=loaded.config.max_position)
         vocab = loaded.config.vocab_size
         self.beams = BeamSearches(self.scheduler, self.requests, self.tokenizer, self.eos_token_ids, vocab)
         self.handoff = KVHandoff(self.blocks, self.scheduler, self.requests, self.tokenizer, vocab, self._max_total)
@@ -101,24 +126,6 @@ class LLMEngine:
         self.requests[request.request_id] = samples
         for seq in samples:
             self.scheduler.add(seq)
-
-    def _max_total(self, request: EngineRequest, width: int) -> int:
-        """Prompt + the most tokens the request may reach; ValueError if that leaves no output."""
-        prompt_len = len(request.prompt_token_ids)
-        params = request.params
-        max_new = min(params.max_tokens or self.limits.max_iter_times, self.limits.max_iter_times)
-        max_total = min(prompt_len + max_new, self.limits.max_seq_len, self.loaded.config.max_position)
-        # All beams of a group must fit at once even sharing no block (as when they are recomputed
-        # after a preemption), so that a group alone in the pool always completes.
-        capacity = self.blocks.num_blocks // width * self.blocks.block_size
-        if max_total > capacity:
-            max_total = capacity
-        if max_total <= prompt_len:
-            raise ValueError(
-                f"prompt has {prompt_len} tokens, leaving no room for output within maxSeqLen="
-                f"{self.limits.max_seq_len} and the KV cache ({capacity} tokens)"
-            )
-        return max_total
 
     def abort(self, request_id: str) -> list[RequestOutput]:
         """Stops every sample of a request in any phase and frees their blocks; returns their
