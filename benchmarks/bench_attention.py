@@ -49,13 +49,14 @@ def main() -> None:
     perm = torch.randperm(num_blocks).to(torch.int32).view(sets, seqs, nblk)
     q = torch.randn(seqs, heads, d).bfloat16()
     lens = torch.full((seqs,), ctx, dtype=torch.int32)
+    query_start_loc = torch.arange(seqs + 1, dtype=torch.int32)  # one query token per sequence: decode
     scale = 1 / math.sqrt(d)
     kv_bytes = 2 * seqs * ctx * kv_heads * d * 2
     it = iter(range(1 << 62))
     out = torch.empty_like(q)
 
     def ours():
-        ops.paged_attention_decode(q, kc, vc, perm[next(it) % sets], lens, scale, out=out)
+        ops.paged_attention(q, kc, vc, perm[next(it) % sets], query_start_loc, lens, scale, out=out)
 
     def theirs():
         torch_paged_attention(q.unsqueeze(2), kc, vc, perm[next(it) % sets], ctx, scale, False)

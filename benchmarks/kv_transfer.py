@@ -22,7 +22,8 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from mindie.pd.transport import KVArena, KVHandle, KVLayout, PullStatus, TCPTransport
+from mindie.pd.tcp_transport import TCPTransport
+from mindie.pd.transport import KVArena, KVHandle, KVLayout, PullStatus
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK, ELEMENT = 30, 3, 64, 128, 2
 NUM_BLOCKS = 192

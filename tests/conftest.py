@@ -4,9 +4,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from helpers.tiny_models import make_tiny
 
 from mindie import _C
+from mindie.model.gguf_header import read_header
+from mindie.model.loader import LoadedModel, default_model_path, load_model
+from mindie.tokenizer import Tokenizer
 
 
 @pytest.fixture(params=_C.available_isas())
@@ -26,3 +30,40 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", 1)
+
+
+# The loaded models below are shared by every test that needs one, loaded once per session: a
+# user allocates its own KV cache before it runs the model, so tests in turn never see each other's
+# state (a GGUF model runs only with the cache allocated last, which is the running test's).
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_dir: Path) -> LoadedModel:
+    """The tiny random Llama in float32: the engine tests' model."""
+    return load_model(str(tiny_llama_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_qwen2_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_qwen2_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm() -> LoadedModel:
+    """The embedded SmolLM2 as served by default (its own weight formats, dtype auto); the test is
+    skipped where the build carries no model."""
+    try:
+        return load_model(default_model_path())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer() -> Tokenizer:
+    """The embedded SmolLM2 tokenizer, from the GGUF header only (no weights are read)."""
+    try:
+        path = default_model_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    fields = read_header(path).fields
+    return Tokenizer.from_gguf_metadata({k: v for k, v in fields.items() if k.startswith("tokenizer.")})

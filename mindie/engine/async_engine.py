@@ -138,14 +138,14 @@ class AsyncEngine:
         if isinstance(command, AbortRequest):
             return self.engine.abort(command.request_id)
         if isinstance(command, ReleaseKV):
-            self.engine.release_kv(command.lease_id)
+            self.engine.handoff.release_kv(command.lease_id)
             return []
         if isinstance(command, DropReserved):
-            self.engine.drop_reserved(command.request_id)
+            self.engine.handoff.drop_reserved(command.request_id)
             return []
         if isinstance(command, ReserveKV):
             try:
-                blocks: list[int] | None | BaseException = self.engine.reserve_kv(
+                blocks: list[int] | None | BaseException = self.engine.handoff.reserve_kv(
                     command.request_id, command.token_ids, command.num_tokens)
             except ValueError as exc:
                 blocks = exc
@@ -154,7 +154,7 @@ class AsyncEngine:
         sink = command.sink
         try:
             if isinstance(command, ResumeRequest):
-                self.engine.resume(command.request, command.num_cached_prompt_tokens)
+                self.engine.handoff.resume(command.request, command.num_cached_prompt_tokens)
             else:
                 self.engine.add_request(command.request)
         except Exception as exc:

@@ -23,9 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mindie.engine.stop_matcher import StopMatcher
 from mindie.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mindie.engine.request import EngineRequest
 
 _REPLACEMENT = "\ufffd"
 # Prompt tokens decoded as left context of the first window (as vLLM's initial offset).
@@ -76,6 +80,13 @@ class IncrementalDetokenizer:
         self._num_tokens = 0
         self._stop_string: str | None = None
         self._finished = False
+
+    @classmethod
+    def for_request(cls, tokenizer: Tokenizer, request: EngineRequest) -> IncrementalDetokenizer:
+        """One sample's detokenizer, with its request's stop strings and special-token setting."""
+        params = request.params
+        return cls(tokenizer, request.prompt_token_ids, skip_special_tokens=params.skip_special_tokens,
+                   stop=params.stop, include_stop_str_in_output=params.include_stop_str_in_output)
 
     # --- public ----------------------------------------------------------------------------
 

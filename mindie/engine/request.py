@@ -165,7 +165,6 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     priority: int = 5  # 1 (first) .. 5, as MindIE
-    timeout_s: float | None = None  # from arrival; None: no limit
     arrival_time: float = field(default_factory=time.monotonic)
     prompt_text: str | None = None
     # What every sample's output must follow (a compiled mindie.structured Grammar): the sampler
@@ -185,7 +184,6 @@ class EngineRequest:
     def __post_init__(self) -> None:
         _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)
         _check(len(self.prompt_token_ids) > 0, "prompt", "non-empty", "")
-        _check(self.timeout_s is None or self.timeout_s > 0, "timeout", "> 0 seconds", self.timeout_s)
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from mindie.engine.request import EngineRequest, FinishReason
+from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
 
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
     RUNNING = "running"  # holds KV blocks; prefilling or decoding
     FINISHED = "finished"
+
+
+class StepInfo(NamedTuple):
+    """What every token computed in one step reports: the step's size and when it started."""
+
+    batch_size: int
+    started: float  # time.monotonic() at the start of the step
+
+    def wait_s(self, ready_time: float) -> float:
+        return max(0.0, self.started - ready_time)
 
 
 @dataclass(eq=False)
@@ -94,6 +103,26 @@ class Sequence:
         """Priority first (1 before 5), then arrival: the order of admission and of survival."""
         return (self.request.priority, self.request.arrival_time)
 
-    def timed_out(self, now: float | None = None) -> bool:
-        timeout = self.request.timeout_s
-        return timeout is not None and (now or time.monotonic()) - self.request.arrival_time > timeout
+    def output(self, tokens: list[int], lps: list[TokenLogprob], text: str, reason: FinishReason | None,
+               timing: tuple[int, float] | None, request_done: bool = False) -> RequestOutput:
+        """This sample's output for the tokens it just appended. `timing`: (batch size, queue wait)
+        of the one new token; None when there is none."""
+        first = self.first_token_time is not None and self.num_output_tokens == len(tokens) and tokens
+        return RequestOutput(
+            request_id=self.request.request_id,
+            index=self.index,
+            new_token_ids=tokens,
+            new_text=text,
+            new_logprobs=lps,
+            finish_reason=reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=self.num_output_tokens,
+            cumulative_logprob=self.cumulative_logprob,
+            seed=self.seed,
+            batch_sizes=[timing[0]] if timing else [],
+            queue_waits_s=[timing[1]] if timing else [],
+            first_token_latency_s=(self.first_token_time - self.request.arrival_time) if first else None,
+            num_cached_prompt_tokens=self.num_cached_prompt_tokens,
+            request_done=request_done,
+            prompt_logprobs=self.prompt_logprobs if first and self.index == 0 else None,
+        )

@@ -30,7 +30,8 @@ from starlette.routing import compile_path
 
 from mindie.engine.commands import ReleaseKV
 from mindie.pd.http import TOKEN_HEADER
-from mindie.pd.transport import KVArena, KVLayout, TCPTransport
+from mindie.pd.tcp_transport import TCPTransport
+from mindie.pd.transport import KVArena, KVLayout
 from mindie.server.dresult import DResultDispatcher
 from mindie.server.errors import APIError
 from mindie.server.http import json_response

@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 from helpers.held_steps import HeldSteps
 
 from mindie.config import EngineConfig
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
-from mindie.model.loader import load_model
 
 LONG = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
 BATCH = 20  # maxBatchSize: of the requests taken before the held step, 20 run and the rest wait
@@ -22,17 +20,12 @@ TAKEN = 60
 QUEUED = 40  # sent while the step is held: still in the inbox when their clients go
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir), dtype=torch.float32)
-
-
 def prompt(k: int) -> list[int]:
     return [1 + (k * 7 + i) % 300 for i in range(12)]
 
 
-def test_aborts_that_arrive_during_a_step_are_applied_together_before_the_next(loaded):
-    core = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=1200, max_batch_size=BATCH, max_seq_len=256))
+def test_aborts_that_arrive_during_a_step_are_applied_together_before_the_next(tiny_llama):
+    core = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=1200, max_batch_size=BATCH, max_seq_len=256))
     held = HeldSteps(core)
     engine = AsyncEngine(core, queue_delay_s=0)
     applied_at: list[tuple[str, int]] = []  # (request id, steps run so far) per abort the engine applied
@@ -89,9 +82,9 @@ def test_aborts_that_arrive_during_a_step_are_applied_together_before_the_next(l
     assert (engine.stats.running, engine.stats.waiting, engine.stats.used_blocks) == (0, 0, 0)
 
 
-def test_a_cancelled_add_request_never_reaches_a_step(loaded):
+def test_a_cancelled_add_request_never_reaches_a_step(tiny_llama):
     """The abort follows the request in the inbox: the engine takes both in one pass."""
-    core = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=200, max_seq_len=256))
+    core = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=200, max_seq_len=256))
     held = HeldSteps(core)
     engine = AsyncEngine(core, queue_delay_s=0)
 

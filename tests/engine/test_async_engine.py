@@ -5,21 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from mindie.config import EngineConfig
 from mindie.engine.async_engine import AsyncEngine
 from mindie.engine.commands import AbortRequest
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, FinishReason, SamplingParams
-from mindie.model.loader import load_model
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
 def make(loaded) -> LLMEngine:
@@ -36,10 +29,10 @@ def sync_tokens(loaded, prompt: list[int]) -> list[int]:
     return out
 
 
-def test_concurrent_streams_match_the_sync_engine(loaded):
+def test_concurrent_streams_match_the_sync_engine(tiny_llama):
     prompts = [[1, 2, 3], list(range(10, 40)), [7] * 5, list(range(100, 117))]
-    expected = [sync_tokens(loaded, p) for p in prompts]
-    engine = AsyncEngine(make(loaded))
+    expected = [sync_tokens(tiny_llama, p) for p in prompts]
+    engine = AsyncEngine(make(tiny_llama))
 
     async def one(i: int, prompt: list[int]) -> tuple[list[int], FinishReason | None]:
         stream = await engine.add_request(EngineRequest(f"r{i}", prompt, GREEDY))
@@ -61,8 +54,8 @@ def test_concurrent_streams_match_the_sync_engine(loaded):
     assert all(r[1] is FinishReason.LENGTH for r in results)
 
 
-def test_rejected_request_raises_and_early_exit_aborts(loaded):
-    core = make(loaded)
+def test_rejected_request_raises_and_early_exit_aborts(tiny_llama):
+    core = make(tiny_llama)
     engine = AsyncEngine(core)
 
     async def main():
@@ -86,8 +79,8 @@ def test_rejected_request_raises_and_early_exit_aborts(loaded):
     assert core.blocks.num_used_blocks() == 0
 
 
-def test_stats_snapshot_follows_the_steps_and_aborts(loaded):
-    core = make(loaded)
+def test_stats_snapshot_follows_the_steps_and_aborts(tiny_llama):
+    core = make(tiny_llama)
     engine = AsyncEngine(core)
     idle = engine.stats
     assert (idle.running, idle.waiting, idle.used_blocks) == (0, 0, 0) and idle.free_blocks == core.blocks.num_blocks

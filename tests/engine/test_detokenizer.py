@@ -29,18 +29,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    """The embedded SmolLM2 tokenizer (byte-level BPE), from the GGUF metadata only."""
-    gguf = pytest.importorskip("gguf")
-    from mindie.model.loader import default_model_path
-
-    try:
-        path = default_model_path()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    reader = gguf.GGUFReader(path)
-    meta = {k: reader.fields[k].contents() for k in reader.fields if k.startswith("tokenizer.")}
-    return Tokenizer.from_gguf_metadata(meta)
+def tok(smollm_tokenizer: Tokenizer) -> Tokenizer:
+    """The embedded SmolLM2 tokenizer: byte-level BPE."""
+    return smollm_tokenizer
 
 
 @pytest.fixture(scope="module")

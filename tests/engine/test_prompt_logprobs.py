@@ -10,12 +10,6 @@ from test_engine import run
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, SamplingParams
-from mindie.model.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +20,9 @@ def hf(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("prefill_tokens", [7, 4096])
-def test_prompt_logprobs_match_transformers(loaded, hf, prefill_tokens):
+def test_prompt_logprobs_match_transformers(tiny_llama, hf, prefill_tokens):
     prompt = torch.randint(0, 256, (29,), generator=torch.Generator().manual_seed(1)).tolist()
-    engine = LLMEngine(loaded, EngineConfig(num_kv_blocks=64, block_size=8, max_prefill_tokens=prefill_tokens))
+    engine = LLMEngine(tiny_llama, EngineConfig(num_kv_blocks=64, block_size=8, max_prefill_tokens=prefill_tokens))
     run(engine, [EngineRequest("warm", prompt, SamplingParams(max_tokens=2, temperature=0))])  # fills the cache
     params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3, n=2, best_of=2)
     outs = run(engine, [EngineRequest("r", prompt, params)])["r"]

@@ -15,7 +15,6 @@ from test_engine import run, tokens
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, SamplingParams
-from mindie.model.loader import default_model_path, load_model
 from mindie.structured.grammar import Grammar, GrammarCompiler
 
 FIELDS = {  # name -> (schema, the two few-shot values)
@@ -48,25 +47,17 @@ def shot(order: list[str], i: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def smol():
-    try:
-        return load_model(default_model_path())
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+def compiler(smollm) -> GrammarCompiler:
+    return GrammarCompiler(smollm.tokenizer, num_threads=1)
 
 
-@pytest.fixture(scope="module")
-def compiler(smol) -> GrammarCompiler:
-    return GrammarCompiler(smol.tokenizer, num_threads=1)
+def prompt(smollm, messages: list[dict]) -> list[int]:
+    return smollm.tokenizer.encode(smollm.tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
 
-def prompt(smol, messages: list[dict]) -> list[int]:
-    return smol.tokenizer.encode(smol.tokenizer.apply_chat_template(messages), add_special_tokens=False)
-
-
-def greedy(smol, prompts: list[list[int]], grammar: Grammar | None) -> list[list[int]]:
+def greedy(smollm, prompts: list[list[int]], grammar: Grammar | None) -> list[list[int]]:
     """Each prompt's greedy answer, free or under `grammar`, the stop at EOS included."""
-    engine = LLMEngine(smol, EngineConfig(num_kv_blocks=128, max_seq_len=1024))
+    engine = LLMEngine(smollm, EngineConfig(num_kv_blocks=128, max_seq_len=1024))
     reqs = [EngineRequest(f"r{i}", ids, SamplingParams(max_tokens=MAX_NEW, temperature=0), grammar=grammar)
             for i, ids in enumerate(prompts)]
     outs = run(engine, reqs)
@@ -85,35 +76,35 @@ def inside(grammar: Grammar, ids: list[int], eos: set[int]) -> tuple[int, bool]:
     return len(ids), False
 
 
-def check_same_choices(smol, grammar: Grammar, free: list[list[int]], constrained: list[list[int]]) -> int:
+def check_same_choices(smollm, grammar: Grammar, free: list[list[int]], constrained: list[list[int]]) -> int:
     """The constrained answers equal the free ones as far as those stay inside the grammar; the
     number of whole free answers (compared in full)."""
-    eos, whole = set(smol.tokenizer.eos_token_ids), 0
+    eos, whole = set(smollm.tokenizer.eos_token_ids), 0
     for f, c in zip(free, constrained):
         k, complete = inside(grammar, f, eos)
-        assert c[:k] == f[:k], (smol.tokenizer.decode(f), smol.tokenizer.decode(c))
+        assert c[:k] == f[:k], (smollm.tokenizer.decode(f), smollm.tokenizer.decode(c))
         if complete:
             whole += 1
-            assert c[:k] == f[:k] and (len(c) == k or c[k] in eos), smol.tokenizer.decode(c)
+            assert c[:k] == f[:k] and (len(c) == k or c[k] in eos), smollm.tokenizer.decode(c)
     return whole
 
 
 @pytest.mark.parametrize("r", range(len(FIELDS)))
-def test_json_schema_keeps_the_models_values_in_every_position(smol, compiler, r):
+def test_json_schema_keeps_the_models_values_in_every_position(smollm, compiler, r):
     order = rotated(r)
     messages = [{"role": "system", "content": "Extract the facts as one line of JSON."}]
     for i, fact in enumerate(FACTS):
         messages += [{"role": "user", "content": fact}, {"role": "assistant", "content": json.dumps(shot(order, i))}]
-    prompts = [prompt(smol, messages + [{"role": "user", "content": q}]) for q in QUESTIONS]
+    prompts = [prompt(smollm, messages + [{"role": "user", "content": q}]) for q in QUESTIONS]
     grammar = compiler.json_schema(schema_of(order))
-    free, constrained = greedy(smol, prompts, None), greedy(smol, prompts, grammar)
-    check_same_choices(smol, grammar, free, constrained)
+    free, constrained = greedy(smollm, prompts, None), greedy(smollm, prompts, grammar)
+    check_same_choices(smollm, grammar, free, constrained)
     for c in constrained:
-        jsonschema.validate(json.loads(smol.tokenizer.decode(c)), schema_of(order))
+        jsonschema.validate(json.loads(smollm.tokenizer.decode(c)), schema_of(order))
 
 
 @pytest.mark.parametrize("r", [0, 3])
-def test_required_tool_call_keeps_the_models_arguments(smol, compiler, r):
+def test_required_tool_call_keeps_the_models_arguments(smollm, compiler, r):
     """The free answer is a call written in the same form the grammar asks for (as the few-shot
     turns show it), so a required call must carry the same argument values."""
     order = rotated(r)
@@ -121,7 +112,7 @@ def test_required_tool_call_keeps_the_models_arguments(smol, compiler, r):
     for i, fact in enumerate(FACTS):
         call = {"name": "save_person", "arguments": shot(order, i)}
         messages += [{"role": "user", "content": fact}, {"role": "assistant", "content": json.dumps(call)}]
-    prompts = [prompt(smol, messages + [{"role": "user", "content": q}]) for q in QUESTIONS]
+    prompts = [prompt(smollm, messages + [{"role": "user", "content": q}]) for q in QUESTIONS]
     grammar = compiler.tool_call({"save_person": schema_of(order), "other": None})
-    free, constrained = greedy(smol, prompts, None), greedy(smol, prompts, grammar)
-    check_same_choices(smol, grammar, free, constrained)
+    free, constrained = greedy(smollm, prompts, None), greedy(smollm, prompts, grammar)
+    check_same_choices(smollm, grammar, free, constrained)

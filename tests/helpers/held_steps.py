@@ -10,9 +10,9 @@ import time
 import torch
 
 from mindie.engine.engine import LLMEngine
+from mindie.engine.runner import PromptLogits
 from mindie.engine.scheduler import SchedulerOutput
 from mindie.engine.sequence import Sequence
-from mindie.model.runner import PromptLogits
 
 
 class HeldSteps:

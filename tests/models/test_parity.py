@@ -7,7 +7,7 @@ import torch
 from helpers.tiny_models import hf_greedy, run_greedy
 
 from mindie.model.llama import LlamaModel
-from mindie.model.loader import default_model_path, load_model, load_weights
+from mindie.model.loader import default_model_path, load_weights
 
 NEW_TOKENS = 64
 
@@ -27,7 +27,7 @@ def prompts_for(vocab: int) -> list[list[int]]:
 @pytest.mark.parametrize("chunk,block_size", [(None, 4), (3, 4), (None, 16), (7, 1)])
 def test_tiny_models_match_transformers(arch, chunk, block_size, request):
     path = request.getfixturevalue(f"tiny_{arch}_dir")
-    ours = load_model(str(path), dtype=torch.float32)
+    ours = request.getfixturevalue(f"tiny_{arch}")
     hf = hf_model_from_dir(path)
     prompts = prompts_for(ours.config.vocab_size)
     got, got_lp = run_greedy(ours.model, prompts, NEW_TOKENS, block_size=block_size, chunk=chunk)
@@ -37,8 +37,8 @@ def test_tiny_models_match_transformers(arch, chunk, block_size, request):
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-def test_batch_of_one_equals_batch_of_many(tiny_llama_dir):
-    ours = load_model(str(tiny_llama_dir), dtype=torch.float32)
+def test_batch_of_one_equals_batch_of_many(tiny_llama):
+    ours = tiny_llama
     prompts = prompts_for(ours.config.vocab_size)
     together, _ = run_greedy(ours.model, prompts, 16)
     alone = [run_greedy(ours.model, [p], 16)[0][0] for p in prompts]

@@ -67,10 +67,10 @@ def test_perplexity_and_top1_match_the_exact_path(exact, text_ids, dtype, form, 
     assert (got.argmax(-1) == want.argmax(-1)).float().mean().item() >= 0.99
 
 
-def test_greedy_equals_exact_until_a_near_tie(exact):
+def test_greedy_equals_exact_until_a_near_tie(exact, smollm):
     """Greedy tokens agree with the exact path up to the first step where the exact path's top-1 and
     top-2 logits are closer than 0.1 (there, either choice is within rounding)."""
-    quant = load_model(None)
+    quant = smollm
     tok = exact.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])),
                tok.encode("def fibonacci(n):"), tok.encode(TEXT[:400])]
@@ -84,9 +84,8 @@ def test_greedy_equals_exact_until_a_near_tie(exact):
                 break
 
 
-def test_weights_stay_in_their_formats():
-    quant = load_model(None)
-    model = quant.model
+def test_weights_stay_in_their_formats(smollm):
+    model = smollm.model
     assert isinstance(model, QuantizedLlamaModel)
     assert model.weight_formats == {"Q4_1": 210, "Q8_0": 1}  # the file's own: no dense copy
     assert model.weight_bytes <= 1.15 * os.path.getsize(default_model_path())

@@ -14,12 +14,6 @@ import torch
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import Continuation, EngineRequest, FinishReason, RequestOutput, SamplingParams
-from mindie.model.loader import load_model
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_llama_dir):
-    return load_model(str(tiny_llama_dir), dtype=torch.float32)
 
 
 def engine(loaded) -> LLMEngine:
@@ -55,13 +49,13 @@ def hand_over(p: LLMEngine, d: LLMEngine, request: EngineRequest, first: Request
     after `emitted` (every output so far, P's last one included)."""
     kv_tokens = request.prompt_token_ids + token_ids(emitted)[:-1]
     assert first.kv is not None and first.kv.num_tokens == len(kv_tokens)
-    dst = d.reserve_kv(request.request_id, kv_tokens, len(kv_tokens))
+    dst = d.handoff.reserve_kv(request.request_id, kv_tokens, len(kv_tokens))
     assert dst is not None and len(dst) == len(first.kv.block_ids)
     src_idx, dst_idx = torch.tensor(first.kv.block_ids), torch.tensor(dst)
     for (pk, pv), (dk, dv) in zip(p.runner.kv_caches, d.runner.kv_caches):
         dk[dst_idx], dv[dst_idx] = pk[src_idx], pv[src_idx]
-    p.release_kv(first.kv.lease_id)
-    d.resume(dataclasses.replace(request, continuation=continuation(emitted)))
+    p.handoff.release_kv(first.kv.lease_id)
+    d.handoff.resume(dataclasses.replace(request, continuation=continuation(emitted)))
 
 
 @pytest.mark.parametrize("params", [
@@ -69,11 +63,11 @@ def hand_over(p: LLMEngine, d: LLMEngine, request: EngineRequest, first: Request
     SamplingParams(max_tokens=12, temperature=0.9, top_k=20, seed=1234, repetition_penalty=1.3,
                    frequency_penalty=0.5, ignore_eos=True),
 ], ids=["greedy", "seeded"])
-def test_handoff_continues_exactly(loaded, params):
+def test_handoff_continues_exactly(tiny_llama, params):
     prompt = list(range(3, 3 + 10))  # 10 tokens: 3 blocks of 4, the last partly full
-    expected = alone(loaded, prompt, params)
+    expected = alone(tiny_llama, prompt, params)
 
-    p, d = engine(loaded), engine(loaded)
+    p, d = engine(tiny_llama), engine(tiny_llama)
     p.add_request(EngineRequest("r", prompt, params, handoff=True))
     [first] = drain(p)
     assert first.finish_reason is None and first.request_done and first.kv is not None
@@ -86,48 +80,48 @@ def test_handoff_continues_exactly(loaded, params):
     assert token_ids([first] + rest) == token_ids(expected)
     assert "".join(o.new_text for o in [first] + rest) == "".join(o.new_text for o in expected)
     assert rest[-1].finish_reason == expected[-1].finish_reason and rest[-1].request_done
-    assert d.blocks.num_used_blocks() == 0 and not d.reserved
+    assert d.blocks.num_used_blocks() == 0 and not d.handoff.reserved
 
 
-def test_handoff_that_ends_at_its_first_token_keeps_nothing(loaded):
-    p = engine(loaded)
+def test_handoff_that_ends_at_its_first_token_keeps_nothing(tiny_llama):
+    p = engine(tiny_llama)
     p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=1, temperature=0), handoff=True))
     [out] = drain(p)
     assert out.finish_reason is not None and out.kv is None and p.blocks.num_used_blocks() == 0
 
 
-def test_a_held_lease_keeps_its_request_id(loaded):
-    p = engine(loaded)
+def test_a_held_lease_keeps_its_request_id(tiny_llama):
+    p = engine(tiny_llama)
     p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0), handoff=True))
     [out] = drain(p)
     with pytest.raises(ValueError, match="still has KV blocks held"):
         p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=4), handoff=True))
-    p.release_kv(out.kv.lease_id)
-    p.release_kv(out.kv.lease_id)  # idempotent
+    p.handoff.release_kv(out.kv.lease_id)
+    p.handoff.release_kv(out.kv.lease_id)  # idempotent
     assert p.blocks.num_used_blocks() == 0
 
 
-def test_reservation_refused_or_dropped(loaded):
-    d = engine(loaded)
-    assert d.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32
-    assert d.reserve_kv("r", [1, 2, 3], 3) is not None
+def test_reservation_refused_or_dropped(tiny_llama):
+    d = engine(tiny_llama)
+    assert d.handoff.reserve_kv("big", list(range(200)), 200) is None  # 50 blocks > 32
+    assert d.handoff.reserve_kv("r", [1, 2, 3], 3) is not None
     with pytest.raises(ValueError, match="already in use"):
-        d.reserve_kv("r", [1, 2, 3], 3)
-    d.drop_reserved("r")
+        d.handoff.reserve_kv("r", [1, 2, 3], 3)
+    d.handoff.drop_reserved("r")
     assert d.blocks.num_used_blocks() == 0
     with pytest.raises(ValueError, match="no reserved KV"):
-        d.resume(EngineRequest("r", [1, 2, 3], SamplingParams(), continuation=Continuation([4], 0, 0.0)))
+        d.handoff.resume(EngineRequest("r", [1, 2, 3], SamplingParams(), continuation=Continuation([4], 0, 0.0)))
 
 
 @pytest.mark.parametrize("params", [
     SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, stop=["zz"]),
     SamplingParams(max_tokens=14, temperature=0.9, top_k=20, seed=99, presence_penalty=0.7, ignore_eos=True),
 ], ids=["greedy", "seeded"])
-def test_a_request_sent_back_for_recompute_continues_exactly(loaded, params):
+def test_a_request_sent_back_for_recompute_continues_exactly(tiny_llama, params):
     prompt = list(range(7, 7 + 9))
-    expected = alone(loaded, prompt, params)
+    expected = alone(tiny_llama, prompt, params)
 
-    p1, d1 = engine(loaded), engine(loaded)
+    p1, d1 = engine(tiny_llama), engine(tiny_llama)
     p1.add_request(EngineRequest("r", prompt, params, handoff=True))
     [first] = drain(p1)
     hand_over(p1, d1, EngineRequest("r", prompt, params, recompute_elsewhere=True, preempt_at=5), first, [first])
@@ -137,7 +131,7 @@ def test_a_request_sent_back_for_recompute_continues_exactly(loaded, params):
     assert len(token_ids(emitted)) == 5 and d1.blocks.num_used_blocks() == 0 and not d1.requests
 
     # P recomputes the prompt and the outputs so far, samples one more token and hands off again
-    p2, d2 = engine(loaded), engine(loaded)
+    p2, d2 = engine(tiny_llama), engine(tiny_llama)
     again = EngineRequest("r", prompt, params, handoff=True, continuation=continuation(emitted))
     p2.add_request(again)
     [resumed] = drain(p2)
@@ -152,8 +146,8 @@ def test_a_request_sent_back_for_recompute_continues_exactly(loaded, params):
     assert [e.blocks.num_used_blocks() for e in (p2, d2)] == [0, 0]
 
 
-def test_a_continuation_must_leave_room_and_use_known_tokens(loaded):
-    e = engine(loaded)
+def test_a_continuation_must_leave_room_and_use_known_tokens(tiny_llama):
+    e = engine(tiny_llama)
     with pytest.raises(ValueError, match="no room left"):
         e.add_request(EngineRequest("r", [5, 6], SamplingParams(max_tokens=3),
                                     continuation=Continuation([7, 8, 9], 0, 0.0)))
@@ -162,12 +156,12 @@ def test_a_continuation_must_leave_room_and_use_known_tokens(loaded):
                                     continuation=Continuation([10**6], 0, 0.0)))
 
 
-def test_a_d_short_of_blocks_sends_the_newest_request_back(loaded):
+def test_a_d_short_of_blocks_sends_the_newest_request_back(tiny_llama):
     """No test hook: two resumed requests outgrow D's pool; the scheduler preempts the newer one,
     which ends with RECOMPUTE (its blocks freed) instead of being recomputed on D."""
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    p = engine(loaded)
-    d = LLMEngine(loaded, EngineConfig(num_kv_blocks=12, block_size=4, max_seq_len=256, max_iter_times=64))
+    p = engine(tiny_llama)
+    d = LLMEngine(tiny_llama, EngineConfig(num_kv_blocks=12, block_size=4, max_seq_len=256, max_iter_times=64))
     for rid, prompt in (("old", list(range(3, 11))), ("new", list(range(20, 28)))):
         request = EngineRequest(rid, prompt, params, handoff=True)
         p.add_request(request)

@@ -11,7 +11,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from mindie.pd.transport import FakeTransport, KVArena, KVHandle, KVLayout, PullStatus, TCPTransport, runs
+from mindie.pd.tcp_transport import TCPTransport
+from mindie.pd.transport import FakeTransport, KVArena, KVHandle, KVLayout, PullStatus, runs
 
 LAYOUT = KVLayout("tiny", "float32", 2, 2, 8, 4, "safetensors")
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from mindie import ops
-from mindie.structured.grammar import Grammar, GrammarCompiler, GrammarError, tool_call_schema
+from mindie.structured.grammar import Grammar, GrammarCompiler, GrammarError
+from mindie.structured.schemas import tool_call_schema
 from mindie.structured.tool_parser import parse_tool_calls
 from mindie.tokenizer import Tokenizer
 
@@ -243,7 +244,7 @@ def test_cache_is_bounded_lru_keyed_by_canonical_json(tok):
 
 
 def test_bound_schema_caps_free_strings_and_closes_listed_objects():
-    from mindie.structured.grammar import MAX_FREE_STRING, bound_schema
+    from mindie.structured.schemas import MAX_FREE_STRING, bound_schema
 
     schema = {"type": "object", "properties": {
         "a": {"type": "string"}, "b": {"type": "string", "maxLength": 5}, "c": {"type": "string", "enum": ["x"]},
@@ -412,7 +413,7 @@ def test_tool_parameters_with_defs_resolve_under_arguments(compiler, tok, parall
 
 
 def test_relocated_refs_keep_literals_and_property_names():
-    from mindie.structured.grammar import relocate_refs
+    from mindie.structured.schemas import relocate_refs
 
     out = relocate_refs(PERSON_TOOL, "/properties/arguments")
     assert out["properties"]["people"]["items"] == {"$ref": "#/properties/arguments/$defs/Person"}
@@ -448,11 +449,11 @@ def test_answer_or_tool_call_takes_a_formatted_answer_or_a_valid_call(compiler, 
 def test_budget_rule_searches_only_when_it_can_matter(compiler, tok, monkeypatch):
     """A model that follows the known completion needs no search, and once no completion fits
     what is left the rule stops searching (the value is cut as a free one would be)."""
-    from mindie.structured import grammar as grammar_module
+    from mindie.structured import matcher as matcher_module
 
     calls = []
-    search = grammar_module._shortest_path
-    monkeypatch.setattr(grammar_module, "_shortest_path", lambda *a: calls.append(1) or search(*a))
+    search = matcher_module._shortest_path
+    monkeypatch.setattr(matcher_module, "_shortest_path", lambda *a: calls.append(1) or search(*a))
     never = tok.encode("\n", add_special_tokens=False)[0]  # never allowed inside this JSON
     matcher = compiler.json_schema(RECORD).matcher()
     needed = matcher.min_tokens()
