@@ -114,7 +114,9 @@ class AsyncEngine:
             with self._wake:
                 while not self._stopped and not self._inbox and not self.engine.has_unfinished():
                     self._wake.wait()
-                if self._stopped:
+                if self._stopped:  # what is queued still runs (a late abort frees its blocks), no step does
+                    leftover = list(self._inbox)
+                    self._inbox.clear()
                     break
                 if not self.engine.has_unfinished() and self.queue_delay_s > 0:
                     self._wake.wait_for(lambda: self._stopped, timeout=self.queue_delay_s)
@@ -131,6 +133,7 @@ class AsyncEngine:
             if stepped:
                 self.last_error = None
             self._publish(outputs + stepped)
+        self._publish([out for command in leftover for out in self._apply(command)])
         self._fail_all(RuntimeError("the engine has shut down"))
 
     def _apply(self, command: EngineCommand) -> list[RequestOutput]:
