@@ -82,6 +82,7 @@ class LocalCluster:
     schedule_config: dict[str, Any] = field(default_factory=dict)  # each instance's ScheduleConfig keys
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # role -> extra environment variables
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)  # time.monotonic() when each was (re)started
 
     def __post_init__(self) -> None:
         if self.n_prefill < 1 or self.n_decode < 1:
@@ -189,6 +190,7 @@ class LocalCluster:
             # then stops every process in order
             self.processes[name] = subprocess.Popen(self.command(name, argv), stdout=log, stderr=subprocess.STDOUT,
                                                     start_new_session=True, env={**os.environ, **(env or {})})
+        self.started_at[name] = time.monotonic()
 
     def note(self, name: str, message: str) -> None:
         """Appends a line of the launcher's own to process `name`'s log."""

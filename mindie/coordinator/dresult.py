@@ -125,14 +125,17 @@ class DResultLink:
         except ValueError:
             self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
 
-    def _fail_requests(self, why: str) -> None:
-        self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} {why}")
+    def _fail_requests(self, why: str) -> int:
+        failed = self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} {why}")
+        if failed:
+            self.registry.changed()  # wakes a relay waiting to know whether its request survived
+        return failed
 
     def _grace_over(self) -> None:
         self._grace = None
-        if not self.d.linked:
-            log.error("%s's /dresult has been down for %g s: failing its requests", self.d.spec.name, self.grace_s)
-            self._fail_requests("is unreachable")
+        if not self.d.linked and (failed := self._fail_requests("is unreachable")):
+            log.error("%s's /dresult has been down for %g s: failed its %d request(s)", self.d.spec.name,
+                      self.grace_s, failed)
 
     def _lost(self, reason: str) -> None:
         self.failures += 1

@@ -13,8 +13,9 @@ client sees one unbroken answer.
 A request of which nothing has reached the client yet starts over on a freshly scheduled pair, at
 most `max_retry` times, stream or not: when P could not hand it to its D (P's 500 `Send D request
 failed`: D refused the call, or the connection to it was refused or reset), or its D went away
-before P answered (a non-stream request: before D's whole answer). That D leaves the schedule until
-its status poll answers again. Once something has reached the client, a D that goes away ends the
+before P answered, or P answered while D's `/dresult` was down and D turned out gone (a non-stream
+request: before D's whole answer). A D that P could not reach leaves the schedule until its status
+poll answers again. Once something has reached the client, a D that goes away ends the
 stream with an error event.
 """
 
@@ -154,6 +155,8 @@ class Relay:
                 self._d_failed()
                 self._start_over(f"P could not hand it to D: {refused.text}", refused)
                 continue
+            if not reply.is_last:
+                await self._d_heard_from()
             if self.tracked.d_lost and not reply.is_last:
                 lost = self.tracked.d.spec if self.tracked.d else None
                 why = f"D instance {lost.ip}:{lost.port} went away" if lost else "its D went away"
@@ -233,9 +236,12 @@ class Relay:
             raise Failure(408, "Request inference timeout", stop=True) from None
 
     def _unschedule(self) -> None:
+        """Off its pair; no longer theirs either while it waits for another (an error for the old D's
+        requests must not reach it)."""
         for inst in (self.tracked.p, self.tracked.d):
             if inst is not None:
                 inst.in_flight.discard(self.tracked.req_id)
+        self.tracked.p = self.tracked.d = None
         self.coord.notify()
 
     def _start_over(self, why: str, give_up: Exception) -> None:
@@ -252,6 +258,17 @@ class Relay:
         self.coord.table.rename(self.tracked)
         self.started_over_at = time.monotonic()
 
+    async def _d_heard_from(self) -> None:
+        """P answered, but D's /dresult is down: whether D took the request before it went away,
+        or is another process by now that never heard of it, the re-link (or its failure, within
+        2 x kv_trans_timeout) says, before anything goes to the client."""
+        d = self.tracked.d
+        while d is not None and not (d.linked or self.tracked.d_lost):
+            try:
+                await self.coord.wait_change(self._remaining(self._deadline(self.cfg.infer_timeout_s)))
+            except TimeoutError:
+                raise Failure(408, "Request inference timeout", stop=True) from None
+
     def _d_failed(self) -> None:
         """P could not hand the request to D: D is out of the schedule until its status poll,
         asked at once, answers."""
@@ -263,9 +280,9 @@ class Relay:
         req-id goes to a pair scheduled afresh, P told `is-recompute: true`. A P that refuses it
         (say, the req-id still held there) gets it again a second later, up to max_retry times."""
         self.tracked.state = State.RETRY
-        self._unschedule()
         log.info("request %s was sent back by %s for recompute", self.tracked.req_id,
                  self.tracked.d.spec.name if self.tracked.d else "D")
+        self._unschedule()
         await self._schedule(since=time.monotonic())
         deadline = self._deadline(self.cfg.infer_timeout_s)
         refusals = 0

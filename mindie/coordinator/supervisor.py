@@ -36,6 +36,9 @@ class Supervised(Protocol):
     @property
     def processes(self) -> Mapping[str, Process]: ...
 
+    @property
+    def started_at(self) -> Mapping[str, float]: ...  # each process's last start, on the supervisor's clock
+
     def restart(self, name: str) -> None: ...
 
     def note(self, name: str, message: str) -> None: ...
@@ -63,7 +66,6 @@ class RestartPolicy:
 
 @dataclass
 class _Watch:
-    started: float
     quick_exits: int = 0  # exits in a row, each before the process had stayed up stable_after_s
     restart_at: float | None = None  # it has exited: when it starts again
     restarts: int = 0
@@ -91,7 +93,7 @@ class Supervisor:
         time has come is started."""
         now = self.clock()
         for name, proc in list(self.cluster.processes.items()):
-            watch = self._watches.setdefault(name, _Watch(now))
+            watch = self._watches.setdefault(name, _Watch())
             if watch.restart_at is None:
                 if (returncode := proc.poll()) is not None:
                     self._exited(name, watch, returncode, now)
@@ -104,7 +106,7 @@ class Supervisor:
             time.sleep(interval_s)
 
     def _exited(self, name: str, watch: _Watch, returncode: int, now: float) -> None:
-        up = now - watch.started
+        up = now - self.cluster.started_at.get(name, now)
         delay = self._plan(watch, now, quick=up < self.policy.stable_after_s)
         self._say(name, f"{name} {describe_exit(returncode)} after {up:.1f} s up; restarting it in {delay:g} s")
 
@@ -115,7 +117,7 @@ class Supervisor:
         return delay
 
     def _restart(self, name: str, watch: _Watch, now: float) -> None:
-        watch.started, watch.restart_at = now, None
+        watch.restart_at = None
         try:
             self.cluster.restart(name)
         except OSError as exc:  # could not even spawn it: tried again later, as after a quick exit

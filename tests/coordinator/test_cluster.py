@@ -130,10 +130,13 @@ class _Processes:
     """What a Supervisor needs of a LocalCluster: its processes, restart and note."""
 
     processes: dict[str, _Exited]
+    clock: Callable[[], float]
+    started_at: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     def restart(self, name: str) -> None:
         self.processes[name] = _Exited()
+        self.started_at[name] = self.clock()
 
     def note(self, name: str, message: str) -> None:
         self.notes.append(message)
@@ -141,7 +144,7 @@ class _Processes:
 
 def test_restarts_back_off_while_a_process_keeps_failing_and_not_once_it_stayed_up() -> None:
     now = [0.0]
-    procs = _Processes({"decode-x": _Exited()})
+    procs = _Processes({"decode-x": _Exited()}, lambda: now[0], {"decode-x": 0.0})
     supervisor = Supervisor(procs, RestartPolicy(first_delay_s=1, max_delay_s=4, stable_after_s=60),
                             report=lambda message: None, clock=lambda: now[0])
     supervisor.check()

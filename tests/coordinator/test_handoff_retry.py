@@ -85,10 +85,12 @@ def test_past_max_retry_the_client_gets_ps_500(stream: bool) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("known", ["faulty", "unlinked"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_d_lost_before_p_answered_goes_to_the_other_pair(stream: bool) -> None:
+def test_a_d_lost_before_p_answered_goes_to_the_other_pair(stream: bool, known: str) -> None:
     """P handed the request to D, then D went away (its /dresult is refused from then on) before P's
-    reply reached the coordinator: nothing had reached the client, so it starts over."""
+    reply reached the coordinator, which knew by then that D was faulty, or only that its /dresult
+    was down: nothing had reached the client, so it starts over."""
 
     async def scenario() -> None:
         async with cluster(n_p=1, n_d=2, algorithm="round_robin") as c:
@@ -101,7 +103,7 @@ def test_a_d_lost_before_p_answered_goes_to_the_other_pair(stream: bool) -> None
                     return await relay_happy_path(p, request, body)
                 lost.refuse_dresult = True
                 lost.drop_stream()
-                await until(lambda: lost_state.faulty)  # max_retry re-links refused
+                await until(lambda: lost_state.faulty if known == "faulty" else not lost_state.linked)
                 return JSONResponse({"reqId": rid, "isStream": stream,
                                      **({"isLastResp": False, "output": event("A").decode()} if stream else {})})
 
