@@ -15,8 +15,8 @@ most `max_retry` times, stream or not: when P could not hand it to its D (P's 50
 failed`: D refused the call, or the connection to it was refused or reset), or its D went away
 before P answered, or P answered while D's `/dresult` was down and D turned out gone (a non-stream
 request: before D's whole answer). A D that P could not reach leaves the schedule until its status
-poll answers again. Once something has reached the client, a D that goes away ends the
-stream with an error event.
+poll answers again. Once something has reached the client, a D that goes away ends the stream with
+an error event.
 """
 
 from __future__ import annotations
@@ -157,17 +157,17 @@ class Relay:
                 continue
             if not reply.is_last:
                 await self._d_heard_from()
-            if self.tracked.d_lost and not reply.is_last:
-                lost = self.tracked.d.spec if self.tracked.d else None
-                why = f"D instance {lost.ip}:{lost.port} went away" if lost else "its D went away"
-                self._start_over(why, Failure(500, why))
-                continue
+                if self.tracked.d_lost:
+                    lost = self.tracked.d.spec if self.tracked.d else None
+                    why = f"D instance {lost.ip}:{lost.port} went away" if lost else "its D went away"
+                    self._start_over(why, Failure(500, why))
+                    continue
             self.tracked.state = State.FIRST_TOKEN_FINISH
             return reply
 
     async def _schedule(self, since: float | None = None) -> None:
         """Picks the request's P and D, waiting up to schedule_timeout (from arrival, or from
-        `since` for a recompute) for a pair with room."""
+        `since` for a recompute or a start over) for a pair with room."""
         start = self.tracked.arrived if since is None else since
         deadline = start + self.cfg.schedule_timeout_s if self.cfg.schedule_timeout_s > 0 else None
         while True:
