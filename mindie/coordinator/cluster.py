@@ -6,7 +6,10 @@ on its own address, so `d-target` stays a bare IP as in MindIE. Each instance ge
 (`inferMode: "dmi"`, its ports, `interCommPort`, the cluster's shared `interCommToken`) and the
 coordinator an `ms_coordinator.json` listing them, all in a fresh directory next to their logs.
 The coordinator assigns the roles itself once the instances answer; the cluster is ready when its
-`/v1/readiness` says so. Ctrl-C or SIGTERM stops every process (a second one kills them).
+`/v1/readiness` says so. A process that exits before then stops the cluster (at start an exit is a
+configuration to fix: a port taken, a model missing); once it is ready, one that exits is restarted
+while the rest keep serving (supervisor.py). Ctrl-C or SIGTERM stops every process (a second one
+kills them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mindie.coordinator.supervisor import Supervisor
 
 READY_TIMEOUT_S = 900  # instances load their model first
 STOP_GRACE_S = 30
@@ -77,6 +82,7 @@ class LocalCluster:
     schedule_config: dict[str, Any] = field(default_factory=dict)  # each instance's ScheduleConfig keys
     role_env: dict[str, dict[str, str]] = field(default_factory=dict)  # role -> extra environment variables
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)  # time.monotonic() when each was (re)started
 
     def __post_init__(self) -> None:
         if self.n_prefill < 1 or self.n_decode < 1:
@@ -184,6 +190,13 @@ class LocalCluster:
             # then stops every process in order
             self.processes[name] = subprocess.Popen(self.command(name, argv), stdout=log, stderr=subprocess.STDOUT,
                                                     start_new_session=True, env={**os.environ, **(env or {})})
+        self.started_at[name] = time.monotonic()
+
+    def note(self, name: str, message: str) -> None:
+        """Appends a line of the launcher's own to process `name`'s log."""
+        assert self.workdir is not None
+        with open(self.workdir / f"{name}.log", "a") as log:
+            log.write(f"[mindie cluster {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n")
 
     def dead(self) -> str | None:
         """The name of a process that has exited, if any."""
@@ -264,10 +277,7 @@ def main(args: argparse.Namespace) -> None:
         if not stopping:
             print(f"cluster ready: send requests to {cluster.url} (metrics on http://127.0.0.1:{args.port + 3}"
                   "/metrics); Ctrl-C to stop", flush=True)
-        while not stopping and cluster.dead() is None:
-            time.sleep(0.5)
-        if (name := cluster.dead()) is not None and not stopping:
-            print(f"{name} exited; stopping the cluster (see {cluster.workdir}/{name}.log)", file=sys.stderr)
+        Supervisor(cluster).run(should_stop=lambda: bool(stopping))
     except (RuntimeError, TimeoutError) as exc:
         print(f"mindie cluster: {exc}", file=sys.stderr)
     finally:

@@ -5,7 +5,8 @@ choice) is taken as dead: D is marked unlinked (out of the schedule) and the coo
 A stream that fails, ends, or is superseded (`close:`, another GET took it over) is re-linked with
 exponential backoff; after `max_retry` consecutive failures D is marked faulty and its requests in
 flight end with an error at once (MindIE leaves them to `infer_timeout`). Re-linking goes on at the
-slowest backoff, and D comes back into the schedule when a link succeeds.
+slowest backoff (at once when D takes its role again: a restarted D refuses `/dresult` until then),
+and D comes back into the schedule when a link succeeds.
 
 However the re-linking goes, the requests on D end with an error once D has sent nothing for 2 x its
 kv_trans_timeout (a D that hangs rather than dies answers nothing, so every re-link waits out its
@@ -16,6 +17,7 @@ restarted) ends them at once, since that process never heard of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -52,6 +54,7 @@ class DResultLink:
         self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
         self._grace: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
+        self._relink = asyncio.Event()  # cuts a backoff short
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -71,7 +74,16 @@ class DResultLink:
                 reason = "silent for too long" if isinstance(exc, httpx.ReadTimeout) else str(exc) or type(
                     exc).__name__
                 self._lost(reason)
-            await asyncio.sleep(min(BACKOFF_FIRST_S * 2 ** max(self.failures - 1, 0), BACKOFF_MAX_S))
+            backoff = min(BACKOFF_FIRST_S * 2 ** max(self.failures - 1, 0), BACKOFF_MAX_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._relink.wait(), backoff)
+            self._relink.clear()
+
+    def relink_now(self) -> None:
+        """D has just taken its role again (it restarted): its /dresult, which a roleless D refuses,
+        answers now, sooner than the backoff would try it."""
+        if not self.d.linked:
+            self._relink.set()
 
     async def _stream(self) -> None:
         url = f"{self.d.business_url}/dresult"
@@ -113,14 +125,17 @@ class DResultLink:
         except ValueError:
             self.grace_s = 2 * DEFAULT_KV_TIMEOUT_S
 
-    def _fail_requests(self, why: str) -> None:
-        self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} {why}")
+    def _fail_requests(self, why: str) -> int:
+        failed = self.table.fail_decode(self.d, f"D instance {self.d.spec.ip}:{self.d.spec.port} {why}")
+        if failed:
+            self.registry.changed()  # wakes a relay waiting to know whether its request survived
+        return failed
 
     def _grace_over(self) -> None:
         self._grace = None
-        if not self.d.linked:
-            log.error("%s's /dresult has been down for %g s: failing its requests", self.d.spec.name, self.grace_s)
-            self._fail_requests("is unreachable")
+        if not self.d.linked and (failed := self._fail_requests("is unreachable")):
+            log.error("%s's /dresult has been down for %g s: failed its %d request(s)", self.d.spec.name,
+                      self.grace_s, failed)
 
     def _lost(self, reason: str) -> None:
         self.failures += 1

@@ -130,6 +130,7 @@ class Registry:
         self._on_change = on_change  # wakes requests waiting for an instance to schedule on
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._wake = {s.id: asyncio.Event() for s in specs}  # polls an instance now rather than at its next turn
+        self._on_role_taken: Callable[[Instance], None] = lambda inst: None
 
     def of_role(self, role: Role) -> list[Instance]:
         return [i for i in self.instances.values() if i.role is role]
@@ -142,9 +143,21 @@ class Registry:
     def changed(self) -> None:
         self._on_change()
 
-    def start(self, on_decode_ready: Callable[[Instance], None]) -> None:
+    def start(self, on_role_taken: Callable[[Instance], None]) -> None:
+        """Brings every instance into service; `on_role_taken(inst)` runs each time one takes its
+        role, the first time and again after it lost it (it restarted)."""
+        self._on_role_taken = on_role_taken
         for inst in self.instances.values():
-            self._tasks[inst.id] = asyncio.ensure_future(self._serve(inst, on_decode_ready))
+            self._tasks[inst.id] = asyncio.ensure_future(self._serve(inst))
+
+    def suspect(self, inst: Instance) -> None:
+        """A request could not go through `inst`: it is out of the schedule until a status poll,
+        asked at once, answers."""
+        if inst.reachable:
+            inst.reachable = False
+            log.warning("%s failed a request: out of the schedule until its status answers", inst.spec.name)
+            self.changed()
+        self._wake[inst.id].set()
 
     async def stop(self) -> None:
         for task in self._tasks.values():
@@ -152,11 +165,9 @@ class Registry:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         self._tasks.clear()
 
-    async def _serve(self, inst: Instance, on_decode_ready: Callable[[Instance], None]) -> None:
+    async def _serve(self, inst: Instance) -> None:
         if not await self._assign_role(inst):
             return
-        if inst.role is Role.DECODE:
-            on_decode_ready(inst)
         wake = self._wake[inst.id]
         while True:
             await self.poll(inst)
@@ -236,6 +247,7 @@ class Registry:
             if not inst.role_assigned:
                 inst.role_assigned = inst.reachable = True
                 log.info("%s took its role", inst.spec.name)
+                self._on_role_taken(inst)
                 self.changed()
             return True
         if 400 <= reply.status_code < 500:

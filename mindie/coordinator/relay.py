@@ -8,8 +8,15 @@ past `schedule_timeout` (no P/D pair has room), `first_token_timeout` (P has not
 cannot change its status any more: it becomes one last event in the family's framing. A client
 that goes away, and a first-token or inference timeout, cancel the request on P and D. A request
 D sends back for recompute (`retry:`) goes to a freshly scheduled pair under the same req-id; the
-client sees one unbroken answer. A request whose D went away before anything reached the client
-(a non-stream one) starts over on a fresh pair; a stream ends with an error event.
+client sees one unbroken answer.
+
+A request of which nothing has reached the client yet starts over on a freshly scheduled pair, at
+most `max_retry` times, stream or not: when P could not hand it to its D (P's 500 `Send D request
+failed`: D refused the call, or the connection to it was refused or reset), or its D went away
+before P answered, or P answered while D's `/dresult` was down and D turned out gone (a non-stream
+request: before D's whole answer). A D that P could not reach leaves the schedule until its status
+poll answers again. Once something has reached the client, a D that goes away ends the stream with
+an error event.
 """
 
 from __future__ import annotations
@@ -18,15 +25,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
+from mindie.coordinator.client_side import ClientGone, RelayStream, watching_client
 from mindie.coordinator.requests import State, Tracked
 from mindie.coordinator.service import Coordinator
 from mindie.pd.records import Record, RecordKind
@@ -40,12 +47,9 @@ T = TypeVar("T")
 P_CONNECT_ATTEMPTS = 4  # MindIE's RequestRepeater tries to reach P four times
 RECOMPUTE_RETRY_S = 1.0  # MindIE's RetryDuplicateReqIdHandler: a refused recompute goes again after 1 s
 JSON = "application/json"
+HAND_OFF_FAILED = b"Send D request failed"  # in P's 500 when it could not hand the request to D (spec A.2)
 # Headers of the client's request that P needs to see as the client sent them.
 _FORWARDED = ("content-type", "accept", "authorization")
-
-
-class ClientGone(Exception):
-    pass
 
 
 class Failure(Exception):
@@ -88,6 +92,7 @@ class Relay:
         self.body = body
         self._owned = True  # whoever ends the request calls `_end` once; a stream hands it to its response
         self.starts_over = 0
+        self.started_over_at: float | None = None
 
     def _deadline(self, seconds: float) -> float | None:
         return self.tracked.arrived + seconds if seconds > 0 else None
@@ -97,14 +102,14 @@ class Relay:
 
     async def run(self) -> Response:
         try:
-            reply = await self._watching_client(self._until_first_token())
+            reply = await watching_client(self.request.receive, self._until_first_token())
             if reply.is_stream:
                 self._owned = False
-                return _RelayStream(self._events(reply), self._stream_ended)
+                return RelayStream(self._events(reply), self._stream_ended)
             if reply.is_last:
                 self.tracked.state = State.FINISH
                 return Response(reply.output.encode(), media_type=JSON)
-            return await self._watching_client(self._whole())
+            return await watching_client(self.request.receive, self._whole())
         except Failure as exc:
             self.tracked.state = State.TIMEOUT if exc.status == 408 else State.EXCEPTION
             if exc.stop:
@@ -130,40 +135,39 @@ class Relay:
         self.tracked.state = State.EXCEPTION
         self.coord.stop_infer(self.tracked)
 
-    async def _watching_client(self, work: Awaitable[T]) -> T:
-        """`work`, unless the client disconnects first (ClientGone)."""
-        task = asyncio.ensure_future(work)
-        watcher = asyncio.ensure_future(_disconnected(self.request.receive))
-        try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-            watcher.cancel()
-            await asyncio.gather(task, watcher, return_exceptions=True)
-        if task.cancelled():
-            raise ClientGone()
-        return task.result()
-
-    async def _until_first_token(self, again: bool = False) -> PReply:
-        """Schedules the request and sends it to P. `again`: it starts over (its D went away
-        before anything reached the client), so only the inference timeout still counts."""
-        await self._schedule(since=time.monotonic() if again else None)
-        ft, inf = self._deadline(self.cfg.first_token_timeout_s), self._deadline(self.cfg.infer_timeout_s)
-        if again:
-            ft = None
-        first = min((d for d in (ft, inf) if d is not None), default=None)
-        message = "Request first token timeout" if first == ft else "Request inference timeout"
-        try:
-            reply = await within(self._call_p(self.body), self._remaining(first))
-        except TimeoutError:
-            raise Failure(408, message, stop=True) from None
-        self.tracked.state = State.FIRST_TOKEN_FINISH
-        return reply
+    async def _until_first_token(self) -> PReply:
+        """Schedules the request and sends it to P, until P has answered for a pair whose D is
+        still there. After a start over only the inference timeout counts (the new pair's prefill
+        has not even begun), and the schedule timeout from the start over."""
+        while True:
+            await self._schedule(since=self.started_over_at)
+            ft = self._deadline(self.cfg.first_token_timeout_s) if self.started_over_at is None else None
+            inf = self._deadline(self.cfg.infer_timeout_s)
+            first = min((d for d in (ft, inf) if d is not None), default=None)
+            message = "Request first token timeout" if first == ft else "Request inference timeout"
+            try:
+                reply = await within(self._call_p(self.body), self._remaining(first))
+            except TimeoutError:
+                raise Failure(408, message, stop=True) from None
+            except _Forward as refused:
+                if not refused.hand_off_failed:
+                    raise
+                self._d_failed()
+                self._start_over(f"P could not hand it to D: {refused.text}", refused)
+                continue
+            if not reply.is_last:
+                await self._d_heard_from()
+                if self.tracked.d_lost:
+                    lost = self.tracked.d.spec if self.tracked.d else None
+                    why = f"D instance {lost.ip}:{lost.port} went away" if lost else "its D went away"
+                    self._start_over(why, Failure(500, why))
+                    continue
+            self.tracked.state = State.FIRST_TOKEN_FINISH
+            return reply
 
     async def _schedule(self, since: float | None = None) -> None:
         """Picks the request's P and D, waiting up to schedule_timeout (from arrival, or from
-        `since` for a recompute) for a pair with room."""
+        `since` for a recompute or a start over) for a pair with room."""
         start = self.tracked.arrived if since is None else since
         deadline = start + self.cfg.schedule_timeout_s if self.cfg.schedule_timeout_s > 0 else None
         while True:
@@ -232,31 +236,53 @@ class Relay:
             raise Failure(408, "Request inference timeout", stop=True) from None
 
     def _unschedule(self) -> None:
+        """Off its pair; no longer theirs either while it waits for another (an error for the old D's
+        requests must not reach it)."""
         for inst in (self.tracked.p, self.tracked.d):
             if inst is not None:
                 inst.in_flight.discard(self.tracked.req_id)
+        self.tracked.p = self.tracked.d = None
         self.coord.notify()
 
-    async def _start_over(self, why: str) -> PReply:
-        """The request's D went away before anything reached the client: it starts again on a
-        freshly scheduled pair, under a new req-id (P may still hold a KV lease under the old
-        one), at most max_retry times."""
+    def _start_over(self, why: str, give_up: Exception) -> None:
+        """Nothing of the request has reached the client, but its pair cannot answer it: it is
+        unscheduled and renamed (a new req-id: P may still hold a KV lease under the old one, and
+        what is still on its way for that id is dropped), for `_until_first_token` to send again;
+        `give_up` is raised instead past max_retry start overs."""
         self.starts_over += 1
         if self.starts_over > self.cfg.max_retry:
-            raise Failure(500, why)
-        log.warning("request %s lost its D (%s): starting it over", self.tracked.req_id, why)
+            raise give_up
+        log.warning("request %s starts over on another pair (%s)", self.tracked.req_id, why)
+        self.coord.stop_infer(self.tracked)  # the old pair may hold it still: its KV is freed now
         self._unschedule()
         self.coord.table.rename(self.tracked)
-        return await self._until_first_token(again=True)
+        self.started_over_at = time.monotonic()
+
+    async def _d_heard_from(self) -> None:
+        """P answered, but D's /dresult is down: whether D took the request before it went away,
+        or is another process by now that never heard of it, the re-link (or its failure, within
+        2 x kv_trans_timeout) says, before anything goes to the client."""
+        d = self.tracked.d
+        while d is not None and not (d.linked or self.tracked.d_lost):
+            try:
+                await self.coord.wait_change(self._remaining(self._deadline(self.cfg.infer_timeout_s)))
+            except TimeoutError:
+                raise Failure(408, "Request inference timeout", stop=True) from None
+
+    def _d_failed(self) -> None:
+        """P could not hand the request to D: D is out of the schedule until its status poll,
+        asked at once, answers."""
+        if self.tracked.d is not None:
+            self.coord.registry.suspect(self.tracked.d)
 
     async def _recompute(self, body: bytes) -> PReply:
         """D preempted the request and sent it back rebuilt (pd-disaggregation.md A.6): the same
         req-id goes to a pair scheduled afresh, P told `is-recompute: true`. A P that refuses it
         (say, the req-id still held there) gets it again a second later, up to max_retry times."""
         self.tracked.state = State.RETRY
-        self._unschedule()
         log.info("request %s was sent back by %s for recompute", self.tracked.req_id,
                  self.tracked.d.spec.name if self.tracked.d else "D")
+        self._unschedule()
         await self._schedule(since=time.monotonic())
         deadline = self._deadline(self.cfg.infer_timeout_s)
         refusals = 0
@@ -270,7 +296,12 @@ class Relay:
                 refusals += 1
                 if refusals > self.cfg.max_retry:
                     raise Failure(500, f"P instance refused the recompute: {refused.text}") from None
-                await asyncio.sleep(RECOMPUTE_RETRY_S)
+                if refused.hand_off_failed:  # its D is gone: another pair at once
+                    self._d_failed()
+                    self._unschedule()
+                    await self._schedule(since=time.monotonic())
+                else:
+                    await asyncio.sleep(RECOMPUTE_RETRY_S)
         self.tracked.state = State.FIRST_TOKEN_FINISH
         return reply
 
@@ -292,7 +323,8 @@ class Relay:
                             self.tracked.req_id)
                 continue
             if record.kind is RecordKind.ERROR and self.tracked.d_lost:
-                reply = await self._start_over(_terminal_text(record))
+                self._start_over("its D went away", Failure(500, _terminal_text(record)))
+                reply = await self._until_first_token()
                 if reply.is_last:
                     self.tracked.state = State.FINISH
                     return Response(reply.output.encode(), media_type=JSON)
@@ -342,46 +374,6 @@ class _Forward(Exception):
         self.response = response
         self.text = bytes(response.body).decode("utf-8", "replace")[:300]
 
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class _RelayStream(Response):
-    """A streamed response that notices a client going away while it waits for the next record
-    (not only when a write fails) and stops writing; `on_end(gone)` runs once however it ends."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[bytes], on_end: Callable[[bool], None]) -> None:
-        self.events = events
-        self.on_end = on_end
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"Cache-Control": "no-cache"})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        writer = asyncio.ensure_future(self._write(send))
-        watcher = asyncio.ensure_future(_disconnected(receive))
-        await asyncio.wait({writer, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        gone = watcher.done() and not writer.done()
-        writer.cancel()
-        watcher.cancel()
-        results = await asyncio.gather(writer, watcher, return_exceptions=True)
-        if isinstance(results[0], Exception) and not isinstance(results[0], OSError):
-            log.error("relaying a stream failed", exc_info=results[0])
-        await _close(self.events)
-        self.on_end(gone or isinstance(results[0], OSError))
-
-    async def _write(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for chunk in self.events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _close(events: AsyncIterator[Any]) -> None:
-    aclose = getattr(events, "aclose", None)
-    if aclose is not None:
-        await aclose()
+    @property
+    def hand_off_failed(self) -> bool:
+        return self.response.status_code == 500 and HAND_OFF_FAILED in bytes(self.response.body)

@@ -103,12 +103,15 @@ class RequestTable:
         tracked.records.put_nowait(record)
         return True
 
-    def fail_decode(self, d: Instance, text: str) -> None:
-        """Ends every request on D with an error record, as if D had sent it (D is gone)."""
+    def fail_decode(self, d: Instance, text: str) -> int:
+        """Ends every request on D with an error record, as if D had sent it (D is gone); how many."""
+        failed = 0
         for tracked in self:
             if tracked.d is d and not tracked.d_lost:
                 tracked.d_lost = True
                 tracked.records.put_nowait(Record(RecordKind.ERROR, tracked.req_id, text.encode()))
+                failed += 1
+        return failed
 
     def rename(self, tracked: Tracked) -> None:
         """A new req-id, and a fresh record queue, for a request that starts over: what is still

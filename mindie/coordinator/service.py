@@ -10,7 +10,7 @@ import time
 
 import httpx
 
-from mindie.coordinator.config import CoordinatorConfig
+from mindie.coordinator.config import CoordinatorConfig, Role
 from mindie.coordinator.dresult import SILENCE_LIMIT_S, DResultLink
 from mindie.coordinator.instances import Instance, Registry
 from mindie.coordinator.requests import RequestTable, Tracked
@@ -36,7 +36,7 @@ class Coordinator:
         self._background: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self.registry.start(self._link)
+        self.registry.start(self._role_taken)
 
     async def close(self) -> None:
         await self.registry.stop()
@@ -46,11 +46,14 @@ class Coordinator:
             await asyncio.wait(self._background, timeout=5)
         await self.client.aclose()
 
-    def _link(self, d: Instance) -> None:
-        if d.id in self.links:  # a D given its role again (it restarted): its link goes on re-linking
+    def _role_taken(self, inst: Instance) -> None:
+        if inst.role is not Role.DECODE:
             return
-        link = DResultLink(d, self.registry, self.table, self.config.max_retry, self._silence_limit_s)
-        self.links[d.id] = link
+        if inst.id in self.links:  # a D given its role again (it restarted): its /dresult answers now
+            self.links[inst.id].relink_now()
+            return
+        link = DResultLink(inst, self.registry, self.table, self.config.max_retry, self._silence_limit_s)
+        self.links[inst.id] = link
         link.start()
 
     def notify(self) -> None:

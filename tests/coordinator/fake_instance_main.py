@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
-from fakes import FakeInstance, event, is_stream  # noqa: E402
+from fakes import FakeInstance, RoleAware, event, is_stream  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
@@ -27,18 +27,24 @@ async def main(config_path: str) -> None:
     server = json.loads(Path(config_path).read_text())["ServerConfig"]
     assert server["inferMode"] == "dmi" and server["interCommPort"] == server["port"] + 96
     token = server["interCommToken"]
-    fake = FakeInstance(Role.PREFILL, server["ipAddress"], server["port"])  # the role comes with /v1/role
+    # roleless until /v1/role, as a real instance: one restarted gets its role again from the coordinator
+    fake = RoleAware(Role.PREFILL, server["ipAddress"], server["port"])
 
     async def over_http(p: FakeInstance, request: Request, body: bytes) -> Response:
         rid, path = request.headers["req-id"], request.url.path
         d_ip = request.headers["d-target"].split(";")[0]
         records = [["data", event("B", path).decode()], ["lastData", event("C", path).decode()]] if is_stream(
             path, body) else [["lastData", json.dumps({"whole": "ABC"})]]
-        async with httpx.AsyncClient(trust_env=False) as client:
-            told = await client.post(f"http://{d_ip}:{request.headers['d-port']}/fake/emit",
-                                     json={"reqId": rid, "records": records}, headers={"x-token": token})
-        if told.status_code != 200:
-            return JSONResponse({"error": "D refused", "error_type": "Incomplete Generation"}, status_code=500)
+        try:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                told = await client.post(f"http://{d_ip}:{request.headers['d-port']}/fake/emit",
+                                         json={"reqId": rid, "records": records}, headers={"x-token": token})
+            why = None if told.status_code == 200 else f"D answered HTTP {told.status_code}"
+        except httpx.HTTPError as exc:
+            why = str(exc) or type(exc).__name__
+        if why is not None:  # a real P's answer when it cannot hand the request to D
+            return JSONResponse({"error": f"[P Node] Send D request failed:{why}",
+                                 "error_type": "Incomplete Generation"}, status_code=500)
         await asyncio.sleep(0.05)
         stream = is_stream(path, body)
         return JSONResponse({"reqId": rid, "isStream": stream,

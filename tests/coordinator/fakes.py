@@ -63,7 +63,7 @@ class FakeInstance:
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     dresult_gets: int = 0
-    status: dict[str, int] = field(default_factory=lambda: {"availSlotsNum": 200, "availBlockNum": 1000})
+    status: dict[str, int] | None = field(default_factory=lambda: {"availSlotsNum": 200, "availBlockNum": 1000})
     refuse_dresult: bool = False
     _stream: asyncio.Queue[bytes | None] | None = None
 
@@ -161,6 +161,20 @@ class FakeInstance:
             Route("/v1/status", self._status, methods=["GET"]),
             Route("/metrics", self._metrics, methods=["GET"]),
         ])
+
+
+class RoleAware(FakeInstance):
+    """A fake whose /v1/status shows the role it was last given ("none" before), as a real one does."""
+
+    current_role = "none"
+
+    async def _role(self, request: Request) -> Response:
+        self.current_role = request.path_params["role"]
+        return await super()._role(request)
+
+    async def _status(self, request: Request) -> Response:
+        return JSONResponse({"service": {"currentRole": self.current_role}, "resource": self.status,
+                             "linkStatus": {"peers": []}})
 
 
 async def relay_happy_path(p: FakeInstance, request: Request, body: bytes) -> Response:

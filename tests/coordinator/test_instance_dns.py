@@ -16,9 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from fakes import FakeInstance, free_port, until
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from fakes import FakeInstance, RoleAware, free_port, until
 
 from mindie.coordinator import instances
 from mindie.coordinator.config import CoordinatorConfig, Role, parse_instances
@@ -30,20 +28,6 @@ UNRESOLVABLE = "mindie-decode-1.mindie-decode.invalid"  # .invalid never resolve
 
 def run(coro: object) -> None:
     asyncio.run(coro)  # type: ignore[arg-type]
-
-
-class RoleAware(FakeInstance):
-    """A fake whose /v1/status shows the role it was last given ("none" before), as a real one does."""
-
-    current_role = "none"
-
-    async def _role(self, request: Request) -> Response:
-        self.current_role = request.path_params["role"]
-        return await super()._role(request)
-
-    async def _status(self, request: Request) -> Response:
-        return JSONResponse({"service": {"currentRole": self.current_role}, "resource": self.status,
-                             "linkStatus": {"peers": []}})
 
 
 def entry(fake: FakeInstance, ip: str) -> dict[str, Any]:
