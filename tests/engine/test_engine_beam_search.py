@@ -116,7 +116,7 @@ def test_hypotheses_finish_by_eos_and_by_length(models):
 @pytest.mark.parametrize("config", [
     dict(maxPrefillTokens=3),  # chunked prompts; a group of 4 decodes over two steps
     dict(cacheBlockSize=1),
-    dict(cacheBlockSize=8, enablePrefixCache=0),
+    dict(cacheBlockSize=8, enablePrefixCache=False),
 ])
 def test_scheduling_does_not_change_the_result(tiny_llama, config):
     ps = prompts(3, seed=8, max_len=23)
