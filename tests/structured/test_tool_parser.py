@@ -188,9 +188,13 @@ ADVERSARIAL = {
 @pytest.mark.parametrize("name", list(ADVERSARIAL))
 def test_adversarial_output_is_fast_and_never_raises(name):
     text = ADVERSARIAL[name]
-    start = time.perf_counter()
-    parsed = parse_tool_calls(text)
-    elapsed = time.perf_counter() - start
+    # The best of three: a quadratic parse takes minutes on every try, while a busy neighbour
+    # (the suite's own servers winding down on two cores) slows one try past the bound.
+    elapsed = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        parsed = parse_tool_calls(text)
+        elapsed = min(elapsed, time.perf_counter() - start)
     assert elapsed < 1.0, f"{name}: {elapsed:.2f} s"
     assert len(parsed.content) + sum(len(c.arguments) for c in parsed.tool_calls) <= len(text)
 
