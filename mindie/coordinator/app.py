@@ -20,7 +20,6 @@ from starlette.routing import Route
 from mindie.coordinator.config import Role
 from mindie.coordinator.metrics import MetricsAggregator
 from mindie.coordinator.relay import Relay
-from mindie.coordinator.relay import error_response as relay_error
 from mindie.coordinator.requests import DuplicateRequestId
 from mindie.coordinator.service import Coordinator
 from mindie.server.errors import APIError, ErrorStyle
@@ -59,13 +58,13 @@ def _inference(coord: Coordinator, served: Served) -> Endpoint:
         except APIError as exc:
             return error_response(exc, served.style)
         if not coord.registry.ready:
-            return relay_error(family, 503, "MindIE-MS Coordinator is not ready")
+            return error_response(APIError(503, "MindIE-MS Coordinator is not ready"), family.style)
         if len(coord.table) >= coord.config.max_requests:
-            return relay_error(family, 429, "Too many requests")
+            return error_response(APIError(429, "Too many requests"), family.style)
         try:
             tracked = coord.table.add(alias=family.named_by_client(body))
         except DuplicateRequestId as exc:
-            return relay_error(family, 400, f"Duplicate request id {exc}")
+            return error_response(APIError(400, f"Duplicate request id {exc}"), family.style)
         return await Relay(coord, tracked, family, request, body).run()
 
     return endpoint

@@ -31,13 +31,14 @@ from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from mindie.coordinator.client_side import ClientGone, RelayStream, watching_client
 from mindie.coordinator.requests import State, Tracked
 from mindie.coordinator.service import Coordinator
 from mindie.pd.records import Record, RecordKind
 from mindie.server.errors import APIError
+from mindie.server.http import error_response
 from mindie.server.protocols.family import Family
 
 log = logging.getLogger("mindie.coordinator")
@@ -78,10 +79,6 @@ async def within(aw: Awaitable[T], seconds: float | None) -> T:
         return await aw
 
 
-def error_response(family: Family, status: int, message: str) -> Response:
-    return JSONResponse(family.error_body(APIError(status, message)), status_code=status)
-
-
 class Relay:
     def __init__(self, coord: Coordinator, tracked: Tracked, family: Family, request: Request, body: bytes) -> None:
         self.coord = coord
@@ -114,7 +111,7 @@ class Relay:
             self.tracked.state = State.TIMEOUT if exc.status == 408 else State.EXCEPTION
             if exc.stop:
                 self.coord.stop_infer(self.tracked)
-            return error_response(self.family, exc.status, exc.message)
+            return error_response(APIError(exc.status, exc.message), self.family.style)
         except _Forward as fwd:  # P's own error, passed on unchanged
             self.tracked.state = State.EXCEPTION
             return fwd.response
