@@ -94,7 +94,7 @@ def _qtype_name(qtype: int) -> str:
 def prefill_instruction() -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
     if prompt_rows_in_bf16():
-        return "vdpbf16ps"
+        return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
     return "vpdpbusd" if _C.cpu_features()["avx512_vnni"] and _C.get_isa() == "avx512" else "vpmaddubsw"
 
 
@@ -161,7 +161,7 @@ def main() -> None:
     rows = [row for path in files for row in run_file(args, path)]
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
-    if prefill_instruction() != "vdpbf16ps":
+    if not prompt_rows_in_bf16():
         print("(our int8 prompt rows make two byte products per weight, hi and lo planes: their ceiling is half "
               "the instruction's peak)")
     print(f"{'model':<28} {'figure':<16} {'llama.cpp':>9} {'ours':>9} {'ratio':>8} {'llama%':>7} {'ours%':>7}   limit")

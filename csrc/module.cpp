@@ -36,8 +36,12 @@ PYBIND11_MODULE(_C, m) {
     pybind11::dict d;
     d["avx512_bf16"] = kc::cpu_has_avx512_bf16();
     d["avx512_vnni"] = kc::cpu_has_avx512_vnni();
+    d["amx_bf16"] = kc::cpu_has_amx_bf16();
     return d;
-  }, "Optional instructions the kernels use when the CPU has them.");
+  }, "Optional instructions the kernels use when the CPU has them (amx_bf16: and the OS grants the tiles).");
+  m.def("set_amx_bf16", &kc::set_use_amx_bf16, pybind11::arg("enabled"),
+        "Lets the AVX-512 variant compute bf16 rows on AMX tiles where the CPU has them (the default), or "
+        "not: tests compare the tiles with vdpbf16ps.");
   m.def("set_avx512_vnni", &kc::set_use_avx512_vnni, pybind11::arg("enabled"),
         "Lets the AVX-512 variant's int8 dot products use vpdpbusd where the CPU has it (the default), or "
         "not: tests run the vpmaddubsw form on a CPU with VNNI.");

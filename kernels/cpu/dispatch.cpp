@@ -4,6 +4,12 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include "cpu/beam_search.h"
 #include "cpu/dot_peak.h"
 #include "cpu/kv_cache.h"
@@ -22,6 +28,9 @@
 #endif
 #ifndef MINDIE_HAVE_AVX512_BF16
 #define MINDIE_HAVE_AVX512_BF16 0
+#endif
+#ifndef MINDIE_HAVE_AMX_BF16
+#define MINDIE_HAVE_AMX_BF16 0
 #endif
 
 namespace mindie::kernels::cpu {
@@ -126,12 +135,33 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+bool cpu_has_amx_bf16() {
+#if MINDIE_HAVE_AMX_BF16 && defined(__x86_64__) && defined(__linux__)
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24;
+    if ((edx & (kAmxBf16 | kAmxTile)) != (kAmxBf16 | kAmxTile) || !cpu_has_avx512_bf16()) return false;
+    // Linux enables the 8 KiB tile data state per process, on request; a VM or kernel without it
+    // refuses, and the tiles would then fault.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 namespace {
 std::atomic<bool> g_vnni_enabled{true};
+std::atomic<bool> g_amx_enabled{true};
 }  // namespace
 
 bool use_avx512_vnni() { return cpu_has_avx512_vnni() && g_vnni_enabled.load(std::memory_order_relaxed); }
 void set_use_avx512_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_order_relaxed); }
+bool use_amx_bf16() { return cpu_has_amx_bf16() && g_amx_enabled.load(std::memory_order_relaxed); }
+void set_use_amx_bf16(bool enabled) { g_amx_enabled.store(enabled, std::memory_order_relaxed); }
 
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
 

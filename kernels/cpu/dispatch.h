@@ -23,6 +23,13 @@ bool cpu_has_avx512_vnni();
 // Whether they use it now: present and not turned off (tests run the AVX-512BW form on a VNNI CPU).
 bool use_avx512_vnni();
 void set_use_avx512_vnni(bool enabled);
+// AMX-BF16 (tdpbf16ps on tiles) usable: the CPU has it and the kernel granted this process the tile
+// state (arch_prctl ARCH_REQ_XCOMP_PERM, asked on the first call). The AVX-512 variant then computes
+// bf16 rows on tiles.
+bool cpu_has_amx_bf16();
+// Whether it does now: usable and not turned off (tests compare it with vdpbf16ps).
+bool use_amx_bf16();
+void set_use_amx_bf16(bool enabled);
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

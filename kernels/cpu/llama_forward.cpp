@@ -26,12 +26,6 @@ void check_matrix(const WeightMatrix& w, int64_t rows, int64_t cols, const char*
     throw std::invalid_argument(std::string(name) + ": columns are not a whole number of blocks");
 }
 
-template <typename T>
-T* sized(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-  return v.data();
-}
-
 }  // namespace
 
 LlamaForward::LlamaForward(const LlamaShape& shape, std::vector<LlamaLayerWeights> layers, WeightMatrix embed,

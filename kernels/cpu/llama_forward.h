@@ -98,12 +98,12 @@ class LlamaForward {
   const float* final_norm_;
   std::vector<void*> key_caches_, value_caches_;
   std::mutex mu_;  // one step at a time: the scratch below is shared
-  std::vector<float> hidden_, residual_, x_, qkv_, attn_, gate_up_, act_, final_x_, final_res_;
-  std::vector<int8_t> xq_;
-  std::vector<float> xd_, gathered_;
-  std::vector<bf16_t> xb_;
+  ScratchVector<float> hidden_, residual_, x_, qkv_, attn_, gate_up_, act_, final_x_, final_res_;
+  ScratchVector<int8_t> xq_;
+  ScratchVector<float> xd_, gathered_;
+  ScratchVector<bf16_t> xb_;
   RowForms token_forms_;
-  std::vector<int32_t> ids_;
+  ScratchVector<int32_t> ids_;
 };
 
 }  // namespace mindie::kernels::cpu

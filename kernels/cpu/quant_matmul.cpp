@@ -14,6 +14,7 @@
 #include "cpu/dispatch.h"
 #include "cpu/parallel.h"
 #include "cpu/quant.h"
+#include "cpu/vec_amx.h"
 #include "cpu/vec_int8.h"
 
 namespace mindie::kernels::cpu {
@@ -31,14 +32,17 @@ int64_t panel_bytes(const QMatrix& w, int64_t row0) {
 // packed first. Prefetches `next`, a packed panel of the same shape, block by block.
 struct PanelBuffer {
   std::vector<uint8_t> packed;
-  std::vector<int8_t> q;
-  std::vector<float> scale, offset;
+  ScratchVector<int8_t> q_buffer;
+  ScratchVector<float> scale_buffer, offset_buffer;
+  int8_t* q = nullptr;
+  float* scale = nullptr;
+  float* offset = nullptr;
 
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
     const int64_t groups = w.cols / 16, blocks = w.cols / 32;
-    q.resize(groups * kPanelGroupBytes);
-    scale.resize(groups * kPanelRows);
-    offset.resize(groups * kPanelRows);
+    q = sized(q_buffer, groups * kPanelGroupBytes);
+    scale = sized(scale_buffer, groups * kPanelRows);
+    offset = sized(offset_buffer, groups * kPanelRows);
     const uint8_t* panel = w.data + row0 * w.row_bytes;
     if (!w.panels) {
       packed.resize(kPanelRows * w.row_bytes);
@@ -50,11 +54,11 @@ struct PanelBuffer {
       for (int64_t b = 0; b < blocks; ++b) {
         if (next != nullptr)
           for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
-        stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q.data(), scale.data(), offset.data());
+        stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q, scale, offset);
       }
     });
   }
-  PanelRef ref() const { return {q.data(), scale.data(), offset.data()}; }
+  PanelRef ref() const { return {q, scale, offset}; }
 };
 
 void prefetch_panel(const QMatrix& w, int64_t row0) {
@@ -67,11 +71,10 @@ struct Panel {
   int64_t row0;
 };
 
-// out[(r * cols + c) * 16 + lane] for panels p[0..R) and activation rows c0.. (bias added) to the
+// out[(r * cols + c) * 16 + lane] for panels p[0..panels) and activation rows c0.. (bias added) to the
 // targets' output rows.
-template <int R>
-void store_tile(const Panel* p, const float* out, const QMatmulArgs& a, int64_t c0, int cols) {
-  for (int r = 0; r < R; ++r) {
+void store_tile(const Panel* p, int panels, const float* out, const QMatmulArgs& a, int64_t c0, int cols) {
+  for (int r = 0; r < panels; ++r) {
     const QMatmulTarget& t = *p[r].target;
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, t.w.rows - p[r].row0));
     for (int c = 0; c < cols; ++c) {
@@ -111,7 +114,7 @@ void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const s
   float out[R * D::kTileCols * kPanelRows];
   for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
     D::template tile<R, decltype(cols)::value, Signed, S, P>(w, x.data() + c0, groups, out);
-    store_tile<R>(p, out, a, c0, cols);
+    store_tile(p, R, out, a, c0, cols);
   });
 }
 
@@ -182,22 +185,22 @@ struct PanelSplit {
 };
 
 // Stages every panel of a's targets and hands them to `apply(p, buf, n)` up
-// to R at a time, n panels of one target (so that they share a format).
+// to `group` (at most R) at a time, n panels of one target (so that they share a format).
 template <int R, class Apply>
-void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group) {
+void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group, int group = R) {
   const PanelSplit split(a);
   split.run([&](int64_t begin, int64_t end) {
     thread_local PanelBuffer buf[R];
-    split.prefetch(begin, std::min(end, begin + R));
+    split.prefetch(begin, std::min(end, begin + group));
     for (int64_t pi = begin; pi < end;) {
       Panel p[R];
       int n = 0;
       const int j = split.target_of(pi);
-      for (; n < R && pi < end && pi < split.first[j + 1]; ++n, ++pi) {
+      for (; n < group && pi < end && pi < split.first[j + 1]; ++n, ++pi) {
         p[n] = {&a.targets[j], (pi - split.first[j]) * kPanelRows};
-        const uint8_t* next = nullptr;  // the panel staged R on, when it is a packed one
-        if (pi + R < end) {
-          const Panel pn = split.locate(pi + R);
+        const uint8_t* next = nullptr;  // the panel staged `group` on, when it is a packed one
+        if (pi + group < end) {
+          const Panel pn = split.locate(pi + group);
           if (pn.target->w.panels) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
         }
         buf[n].stage(a.targets[j].w, p[n].row0, next);
@@ -240,7 +243,7 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       with_format(w.format, [&](auto format) {
         D::template stream<decltype(format)::value, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out);
       });
-      store_tile<1>(&p, out, a, 0, C);
+      store_tile(&p, 1, out, a, 0, C);
     }
   };
   if (bytes >= kClaimedBytes) return split.run_claimed(body);
@@ -297,28 +300,59 @@ void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, co
   float out[R * B::kTileCols * kPanelRows];
   for_each_row_tile<B::kTileCols>(a.m, [&](int64_t c0, auto cols) {
     B::template tile<R, decltype(cols)::value>(w, x.data() + c0, pairs, out);
-    store_tile<R>(p, out, a, c0, cols);
+    store_tile(p, R, out, a, c0, cols);
   });
 }
 
+constexpr int64_t kBf16GroupBytes = 768 << 10;
+
+
+// AMX tiles (B::kRowBlock > 1): panels w[0..n) against every activation row, B::kTileCols at a
+// time, both counts at run time.
+template <class B>
+void apply_bf16_blocks(const Panel* p, int n, const bf16_t* const* w, const QMatmulArgs& a,
+                       const std::vector<const bf16_t*>& x) {
+  thread_local ScratchVector<float> buffer;
+  float* out = sized(buffer, n * B::kTileCols * kPanelRows);
+  for (int64_t c0 = 0; c0 < a.m; c0 += B::kTileCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(B::kTileCols, a.m - c0));
+    B::tile(w, n, x.data() + c0, cols, a.k / 2, out);
+    store_tile(p, n, out, a, c0, cols);
+  }
+}
+
 // Bf16 activations: each staged int8 panel is converted to a bf16 panel (B::convert), once per
-// call, then applied to every row.
+// call, then applied to every row. Tiles that read whole blocks of rows stage as many panels as
+// keep their bf16 copies within kBf16GroupBytes, so that they stay in L2 while the activation rows
+// stream past them once per group.
 template <class B>
 void run_bf16(const QMatmulArgs& a) {
   constexpr int R = B::kTilePanels;
   const int64_t groups = a.k / 16, panel_elems = groups * kBf16PanelGroupElems;
   std::vector<const bf16_t*> x(a.m);
   for (int64_t c = 0; c < a.m; ++c) x[c] = a.xb + c * a.k;
+  // B reads rows in blocks of kRowBlock: the last partial block from a zero-padded copy.
+  ScratchVector<bf16_t> tail;
+  if (const int64_t full = a.m / B::kRowBlock * B::kRowBlock; full < a.m) {
+    tail.assign(B::kRowBlock * a.k, bf16_t{});
+    std::copy(a.xb + full * a.k, a.xb + a.m * a.k, tail.begin());
+    for (int64_t c = full; c < a.m; ++c) x[c] = tail.data() + (c - full) * a.k;
+  }
+  int group = R;
+  if constexpr (B::kRowBlock > 1)
+    group = static_cast<int>(std::clamp<int64_t>(kBf16GroupBytes / (panel_elems * 2), 2, R));
   for_each_panel_group<R>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
-    thread_local std::vector<bf16_t> panels;
-    if (static_cast<int64_t>(panels.size()) < R * panel_elems) panels.resize(R * panel_elems);
+    const typename B::Session session;
+    thread_local ScratchVector<bf16_t> panels;
+    bf16_t* staged = sized(panels, R * panel_elems);
     const bf16_t* w[R];
     for (int r = 0; r < n; ++r) {
-      B::convert(buf[r].ref(), groups, panels.data() + r * panel_elems);
-      w[r] = panels.data() + r * panel_elems;
+      B::convert(buf[r].ref(), groups, staged + r * panel_elems);
+      w[r] = staged + r * panel_elems;
     }
-    with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
-  });
+    if constexpr (B::kRowBlock > 1) apply_bf16_blocks<B>(p, n, w, a, x);
+    else with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
+  }, group);
 }
 
 }  // namespace
@@ -347,6 +381,9 @@ void round_to_bf16(const RoundToBf16Args& a) {
 
 void qmatmul(const QMatmulArgs& a) {
   if (a.xb != nullptr) {
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+    if (use_amx_bf16()) return run_bf16<AmxBf16Panel>(a);
+#endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
     if (cpu_has_avx512_bf16()) return run_bf16<Bf16Panel>(a);
 #endif

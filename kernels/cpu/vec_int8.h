@@ -437,6 +437,8 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 struct Bf16PanelGeneric {
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 1;
+  static constexpr int kRowBlock = 1;  // rows read one by one (vec_amx.h reads blocks)
+  struct Session {};                    // no per-thread state to set up
   static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {
     for (int64_t j = 0; j < groups; ++j)
       for (int v = 0; v < 4; ++v)
@@ -470,6 +472,8 @@ struct Bf16Panel {
   // 4 panels x 6 activation rows: 24 accumulators, four weight vectors and a broadcast.
   static constexpr int kTilePanels = 4;
   static constexpr int kTileCols = 6;
+  static constexpr int kRowBlock = 1;
+  struct Session {};
   // An int8 panel (q holds signed values; unsigned formats stay below 64) to bf16 pairs, rounded as
   // float_to_bf16 rounds.
   static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {

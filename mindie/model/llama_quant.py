@@ -33,16 +33,19 @@ _INT8_MARGIN = 1.5
 def prompt_rows_in_bf16() -> bool:
     """Whether prompt rows take the bf16 form (with the bfloat16 dtype): where the active kernels have
     native bf16 dot products and those are the faster of the two forms here. On an Intel Sapphire
-    Rapids core vdpbf16ps runs about one every two cycles against two vpdpbusd, so prompts prefill
-    faster as int8 rows; on AMD Zen 4/5 the two are even and bf16 stays. Measured once (tens of ms)
+    Rapids core vdpbf16ps runs about one every two cycles against two vpdpbusd, but its AMX tiles
+    (tdpbf16ps) do 8 times the int8 form's products; on AMD Zen 4/5 vdpbf16ps and vpdpbusd are even
+    and bf16 stays. Measured once (tens of ms)
     with the register-only loops of _C.dot_peak; MINDIE_PROMPT_FORM=bf16|int8 decides instead."""
     forced = os.environ.get("MINDIE_PROMPT_FORM", "")
     if forced not in ("", "bf16", "int8"):
         raise ValueError(f"MINDIE_PROMPT_FORM must be bf16 or int8, got {forced!r}")
     if not _C.qmatmul_bf16_native() or forced:
         return _C.qmatmul_bf16_native() and forced != "int8"
-    int8 = "vpdpbusd" if _C.cpu_features()["avx512_vnni"] else "vpmaddubsw"
-    return _C.dot_peak(int8, 1, 0.03) / 2 < _INT8_MARGIN * _C.dot_peak("vdpbf16ps", 1, 0.03)
+    features = _C.cpu_features()
+    int8 = "vpdpbusd" if features["avx512_vnni"] else "vpmaddubsw"
+    bf16 = "tdpbf16ps" if features["amx_bf16"] else "vdpbf16ps"
+    return _C.dot_peak(int8, 1, 0.03) / 2 < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
 
 
 class QuantizedLlamaModel:

@@ -20,20 +20,24 @@ from mindie import _C, ops
 LAYOUTS = [(fmt, packed) for packed in (False, True) for fmt in FORMATS]
 
 # The AVX-512 variant's int8 products take vpdpbusd where the CPU has VNNI and vpmaddubsw where it
-# has not: on a VNNI CPU both forms run, the second as "avx512-novnni".
-VARIANTS = _C.available_isas() + (
-    ["avx512-novnni"] if "avx512" in _C.available_isas() and _C.cpu_features()["avx512_vnni"] else [])
+# has not, and its bf16 products AMX tiles where the CPU has them and vdpbf16ps where it has not: on
+# such a CPU every form runs, the others as "avx512-novnni" and "avx512-noamx".
+_AVX512 = "avx512" in _C.available_isas()
+VARIANTS = (_C.available_isas() + (["avx512-novnni"] if _AVX512 and _C.cpu_features()["avx512_vnni"] else [])
+            + (["avx512-noamx"] if _AVX512 and _C.cpu_features()["amx_bf16"] else []))
 
 
 @pytest.fixture(params=VARIANTS)
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs a test once per kernel variant (and int8 product form) this build has and this CPU runs."""
+    """Runs a test once per kernel variant (and product form) this build has and this CPU runs."""
     previous = _C.get_isa()
-    _C.set_isa(request.param.removesuffix("-novnni"))
+    _C.set_isa(request.param.split("-")[0])
     _C.set_avx512_vnni(not request.param.endswith("-novnni"))
+    _C.set_amx_bf16(not request.param.endswith("-noamx"))
     yield request.param
     _C.set_isa(previous)
     _C.set_avx512_vnni(True)
+    _C.set_amx_bf16(True)
 
 
 def cols_for(fmt: str) -> list[int]:
@@ -185,6 +189,7 @@ def test_qmatmul_bf16_native_agrees_with_the_emulation(fmt):
     previous = _C.get_isa()
     try:
         _C.set_isa("avx512")
+        _C.set_amx_bf16(False)
         assert _C.qmatmul_bf16_native()
         native = ops.qmatmul_bf16(x, data, qtype)
         _C.set_isa("scalar")
@@ -192,7 +197,31 @@ def test_qmatmul_bf16_native_agrees_with_the_emulation(fmt):
         emulated = ops.qmatmul_bf16(x, data, qtype)
     finally:
         _C.set_isa(previous)
+        _C.set_amx_bf16(True)
     torch.testing.assert_close(native, emulated, atol=1e-6 * emulated.abs().max().item(), rtol=0)
+
+
+@pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["amx_bf16"],
+                    reason="needs a CPU (and OS) with AMX-BF16 to compare the tiles with vdpbf16ps")
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
+def test_qmatmul_bf16_on_amx_tiles_agrees_with_vdpbf16ps(fmt):
+    """The tiles add the same exact bf16 products as vdpbf16ps, 32 at a time in their own rounding:
+    the sums agree to float32 rounding, at every row count (whole and partial blocks of 16 rows)."""
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 70, k, 5)
+    x = torch.randn(37, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+    previous = _C.get_isa()
+    try:
+        _C.set_isa("avx512")
+        tiles = ops.qmatmul_bf16(x, data, qtype)
+        _C.set_amx_bf16(False)
+        vdpbf16ps = ops.qmatmul_bf16(x, data, qtype)
+    finally:
+        _C.set_isa(previous)
+        _C.set_amx_bf16(True)
+    assert not torch.equal(tiles, torch.zeros_like(tiles))
+    bound = (x.float().abs() @ ref.dequantize(data, qtype, k).abs().T) * 2**-20
+    assert ((tiles - vdpbf16ps).abs() <= bound).all()
 
 
 def test_bad_arguments_raise():
@@ -223,7 +252,8 @@ def test_dot_peak_counts_the_instructions_the_cpu_has():
     """The benchmarks' register-only peak: positive for each instruction the active variant and the CPU
     run, 0.0 for one they lack, and an unknown name is an error naming the known ones."""
     has = {"vpdpbusd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
-           "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar"}
+           "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar",
+           "tdpbf16ps": _C.get_isa() == "avx512" and _C.cpu_features()["amx_bf16"]}
     for instruction, present in has.items():
         assert (_C.dot_peak(instruction, _C.get_num_threads(), 0.03) > 0) == present, instruction
     with pytest.raises(ValueError, match="vpdpbusd"):
