@@ -1,13 +1,14 @@
 """Our engine against llama.cpp on the same GGUF, interleaved in one run (issue 9, item 7).
 
     python benchmarks/vs_llamacpp.py [--llama-bin DIR] [--model GGUF] [--threads N] [--rounds N] [--skip-http]
-                                     [--dtype auto|bfloat16|float32] [--quantization Q]
+                                     [--streams 32] [--dtype auto|bfloat16|float32] [--quantization Q]
 
 Each round measures llama.cpp then ours, figure by figure, so a noisy stretch of the machine hits both:
   prefill of a 512-token prompt   llama-bench -p 512 -n 0   against LLM.generate(max_tokens=1)
   batch-1 decode of 128 tokens    llama-bench -p 0 -n 128   against engine steps after the first token
-  32 concurrent HTTP streams      llama-server -np 32       against `mindie serve`, /v1/completions,
-                                  128 prompt / 128 output tokens each (ignore_eos)
+  N concurrent HTTP streams       llama-server -np N        against `mindie serve`, /v1/completions,
+                                  128 prompt / 128 output tokens each (ignore_eos), for each N of
+                                  --streams (e.g. 8,32): output tok/s, and the median time to first token
 and prints the medians over the rounds with our/their ratio. DIR holds llama-bench and llama-server (built by
 ../shared/tools/build-llamacpp.sh); without them only our side runs, and the output says why. --dtype and
 --quantization go to LLM(...) and `mindie serve` only when given: by default both run the engine's defaults.
@@ -34,10 +35,17 @@ from mindie import _C, LLM, SamplingParams
 from mindie.engine.request import EngineRequest
 from mindie.model.loader import default_model_path
 
-STREAMS, HTTP_IN, HTTP_OUT = 32, 128, 128
+HTTP_IN, HTTP_OUT = 128, 128
 PREFILL, DECODE = 512, 128
-FIGURES = [("prefill", f"prefill {PREFILL} (tok/s)"), ("decode", f"decode batch 1, {DECODE} tok (tok/s)"),
-           ("http", f"{STREAMS} HTTP streams {HTTP_IN}/{HTTP_OUT} (out tok/s)")]
+
+
+def figures(streams: list[int]) -> list[tuple[str, str]]:
+    """(key, label) of each figure a run prints, in order."""
+    out = [("prefill", f"prefill {PREFILL} (tok/s)"), ("decode", f"decode batch 1, {DECODE} tok (tok/s)")]
+    for n in streams:
+        out += [(f"http{n}", f"{n} HTTP streams {HTTP_IN}/{HTTP_OUT} (out tok/s)"),
+                (f"ttft{n}", f"{n} HTTP streams, TTFT p50 (s)")]
+    return out
 
 
 def cpu_summary() -> str:
@@ -137,8 +145,9 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[su
     launch: dict[str, tuple[list[str], dict[str, str], str, str]] = {}  # name -> (argv, env, base URL, ready URL)
     if not args.skip_llama:
         port = free_port()
-        argv = [str(args.llama_bin / "llama-server"), "-m", args.model, "-np", str(STREAMS), "-c",
-                str(STREAMS * (HTTP_IN + HTTP_OUT + 16)), "-t", threads, "--host", "127.0.0.1", "--port", str(port)]
+        slots = max(args.streams)
+        argv = [str(args.llama_bin / "llama-server"), "-m", args.model, "-np", str(slots), "-c",
+                str(slots * (HTTP_IN + HTTP_OUT + 16)), "-t", threads, "--host", "127.0.0.1", "--port", str(port)]
         url = f"http://127.0.0.1:{port}"
         launch["llama"] = (argv, {"LD_LIBRARY_PATH": str(args.llama_bin)}, url, url + "/health")
     port, mport = free_port(), free_port()
@@ -184,36 +193,42 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[su
     return servers
 
 
-async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int]) -> tuple[int, str | None]:
-    """(completion tokens, failure or None) of one streamed /v1/completions request."""
+async def one_stream(client: httpx.AsyncClient, url: str, ids: list[int]) -> tuple[int, float, str | None]:
+    """(completion tokens, seconds to the first chunk with text, failure or None) of one streamed
+    /v1/completions request."""
     body = {"model": "bench", "prompt": ids, "max_tokens": HTTP_OUT, "n_predict": HTTP_OUT, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
-    tokens, reason = 0, None
+    tokens, reason, ttft = 0, None, float("nan")
+    t0 = time.perf_counter()
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             if r.status_code != 200:
-                return 0, f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
+                return 0, ttft, f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
+                if ttft != ttft and any(c.get("text") for c in chunk.get("choices", [])):
+                    ttft = time.perf_counter() - t0
                 reason = next((c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason")), reason)
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
     except httpx.HTTPError as e:
-        return tokens, f"{type(e).__name__}: {e}"
+        return tokens, ttft, f"{type(e).__name__}: {e}"
     ok = tokens == HTTP_OUT and reason == "length"
-    return tokens, None if ok else f"{tokens} tokens, finish_reason {reason}"
+    return tokens, ttft, None if ok else f"{tokens} tokens, finish_reason {reason}"
 
 
-async def drive(url: str, prompts: list[list[int]]) -> tuple[float, list[str]]:
-    """Aggregate output tokens/s of all prompts streamed at once, and the failures."""
+async def drive(url: str, prompts: list[list[int]]) -> tuple[float, float, list[str]]:
+    """Aggregate output tokens/s of all prompts streamed at once, their median time to first token, and the
+    failures."""
     async with httpx.AsyncClient(timeout=1800, limits=httpx.Limits(max_connections=len(prompts) + 4)) as client:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(one_stream(client, url, p) for p in prompts))
         wall = time.perf_counter() - t0
-    failures = [f"request {i}: {fail}" for i, (_, fail) in enumerate(results) if fail]
-    return sum(n for n, _ in results) / wall, failures
+    failures = [f"request {i}: {fail}" for i, (_, _, fail) in enumerate(results) if fail]
+    ttft = statistics.median(t for _, t, _ in results)
+    return sum(n for n, _, _ in results) / wall, ttft, failures
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
@@ -226,9 +241,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--streams", default="32", help="comma-separated counts of concurrent HTTP streams")
     ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], help="our activations (default: engine's)")
     ap.add_argument("--quantization", help="our weight quantization, passed through (default: engine's)")
     args = ap.parse_args()
+    args.streams = [int(n) for n in args.streams.split(",")]
     why = missing_llama(args)
     args.skip_llama = why is not None
 
@@ -261,10 +278,11 @@ def main() -> None:
                 if not args.skip_llama:
                     measured["llama", "decode"] = llama_bench_any(args, 0, DECODE)
                 measured["ours", "decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
-                for i, (name, (_, url, _)) in enumerate(servers.items()):
-                    prompts = [random_ids(HTTP_IN, 1000 * (r + 1) + 100 * i + k, vocab) for k in range(STREAMS)]
-                    measured[name, "http"], failed = asyncio.run(drive(url, prompts))
-                    failures += [f"round {r + 1}, {name}: {f}" for f in failed]
+                for n in args.streams:
+                    for i, (name, (_, url, _)) in enumerate(servers.items()):
+                        prompts = [random_ids(HTTP_IN, 1000 * (r + 1) + 100 * i + k, vocab) for k in range(n)]
+                        measured[name, f"http{n}"], measured[name, f"ttft{n}"], failed = asyncio.run(drive(url, prompts))
+                        failures += [f"round {r + 1}, {name}, {n} streams: {f}" for f in failed]
                 for key, value in measured.items():
                     results.setdefault(key, []).append(value)
                 print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{side} {fig} {v:.1f}"
@@ -276,7 +294,7 @@ def main() -> None:
 
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads, {Path(args.model).name}")
     print(f"{'figure':<40} {'llama.cpp':>10} {'ours':>10} {'ours/llama':>10}")
-    for fig, label in FIGURES:
+    for fig, label in figures(args.streams):
         if ("ours", fig) not in results:
             continue
         ours = statistics.median(results["ours", fig])
