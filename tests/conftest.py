@@ -13,13 +13,21 @@ from mindie.model.loader import LoadedModel, default_model_path, load_model
 from mindie.tokenizer import Tokenizer
 
 
-@pytest.fixture(params=_C.available_isas())
+# Where the AVX-512 variant runs bf16 work on AMX tiles, it also runs once without them
+# ("avx512-noamx"), so both of its forms are tested on such a CPU.
+ISA_VARIANTS = _C.available_isas() + (
+    ["avx512-noamx"] if "avx512" in _C.available_isas() and _C.cpu_features()["amx_bf16"] else [])
+
+
+@pytest.fixture(params=ISA_VARIANTS)
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs a test once per kernel variant this build has and this CPU runs."""
+    """Runs a test once per kernel variant (and tile form) this build has and this CPU runs."""
     previous = _C.get_isa()
-    _C.set_isa(request.param)
+    _C.set_isa(request.param.removesuffix("-noamx"))
+    _C.set_amx_bf16(not request.param.endswith("-noamx"))
     yield request.param
     _C.set_isa(previous)
+    _C.set_amx_bf16(True)
 
 
 @pytest.fixture(scope="session")

@@ -89,6 +89,8 @@ class AttentionView {
         D_(a.head_dim),
         row_(static_cast<int64_t>(a.kv_heads) * a.head_dim) {}
 
+  int head_dim() const { return D_; }
+
  protected:
   int query_len(int64_t s) const { return a_.query_start_loc[s + 1] - a_.query_start_loc[s]; }
 
@@ -123,9 +125,15 @@ template <typename Q, typename KV>
 void decode_range(const AttentionView<Q, KV>& view, const WorkItem& w, float* workspace);
 template <typename Q, typename KV>
 void merge_splits(const AttentionView<Q, KV>& view, const Merge& mg, int head, const float* workspace);
-// Prefill (attention_prefill.cpp).
+// Prefill (attention_prefill.cpp; on AMX tiles, for a bf16 cache where prefill_on_amx says so,
+// attention_prefill_amx.cpp).
 template <typename Q, typename KV>
 void prefill_tile(const AttentionView<Q, KV>& view, const WorkItem& w);
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+bool prefill_on_amx(int head_dim);
+template <typename Q>
+void prefill_tile_amx(const AttentionView<Q, bf16_t>& view, const WorkItem& w);
+#endif
 
 }  // namespace MINDIE_ISA_NS
 }  // namespace mindie::kernels::cpu

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/attention_common.h"
@@ -14,6 +15,7 @@ namespace MINDIE_ISA_NS {
 namespace {
 
 constexpr int kQueryTile = 32;        // prefill queries per work item
+constexpr int kAmxQueryTile = 128;    // the same on AMX tiles, which repack the keys and values per item
 constexpr int kMinPartition = 256;    // smallest decode split worth its merge
 
 template <typename Q, typename KV>
@@ -75,15 +77,24 @@ class Attention : AttentionView<Q, KV> {
         }
         if (parts > 1) num_parts_ += parts;
       } else {
-        for (int i0 = 0; i0 < q_len; i0 += kQueryTile)
+        const int tile = query_tile();
+        for (int i0 = 0; i0 < q_len; i0 += tile)
           for (int h = 0; h < a_.kv_heads; ++h)
-            work_.push_back({static_cast<int32_t>(s), h, i0, std::min(q_len, i0 + kQueryTile), -1});
+            work_.push_back({static_cast<int32_t>(s), h, i0, std::min(q_len, i0 + tile), -1});
       }
     }
     // Longest work first, so the dynamic schedule does not end on one straggler.
     std::stable_sort(work_.begin(), work_.end(), [&](const WorkItem& x, const WorkItem& y) {
       return cost(x) > cost(y);
     });
+  }
+
+  int query_tile() const {
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+    if constexpr (std::is_same_v<KV, bf16_t>)
+      if (prefill_on_amx(D_)) return kAmxQueryTile;
+#endif
+    return kQueryTile;
   }
 
   int64_t cost(const WorkItem& w) const {
