@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from mindie.engine.commands import (
     AbortRequest,
@@ -152,7 +153,7 @@ class AsyncEngine:
                     command.request_id, command.token_ids, command.num_tokens)
             except ValueError as exc:
                 blocks = exc
-            command.loop.call_soon_threadsafe(_answer, command.reply, blocks)
+            _notify(command.loop, _answer, command.reply, blocks)
             return []
         sink = command.sink
         try:
@@ -161,10 +162,12 @@ class AsyncEngine:
             else:
                 self.engine.add_request(command.request)
         except Exception as exc:
-            sink.loop.call_soon_threadsafe(_settle, sink.accepted, exc)
+            _notify(sink.loop, _settle, sink.accepted, exc)
             return []
         self._sinks[command.request.request_id] = sink
-        sink.loop.call_soon_threadsafe(_settle, sink.accepted, None)
+        if not _notify(sink.loop, _settle, sink.accepted, None):
+            del self._sinks[command.request.request_id]
+            self.engine.abort(command.request.request_id)
         return []
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
@@ -185,13 +188,17 @@ class AsyncEngine:
                 del self._sinks[out.request_id]
             batches.setdefault(sink.loop, []).append((sink.queue, out))
         for loop, batch in batches.items():
-            loop.call_soon_threadsafe(_put_all, batch)
+            if not _notify(loop, _put_all, batch):
+                # The loop its caller waited on has closed: nobody reads these requests any more.
+                for request_id in [rid for rid, sink in self._sinks.items() if sink.loop is loop]:
+                    del self._sinks[request_id]
+                    self.engine.abort(request_id)
 
     def _fail_all(self, exc: BaseException) -> None:
         failure = exc if isinstance(exc, RuntimeError) else RuntimeError(f"engine step failed: {exc!r}")
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
-            sink.loop.call_soon_threadsafe(sink.queue.put_nowait, failure)
+            _notify(sink.loop, sink.queue.put_nowait, failure)
         self._sinks.clear()
         self.stats = self.engine.stats()
 
@@ -230,6 +237,16 @@ class RequestStream:
             self._finished = True
             with contextlib.suppress(RuntimeError):  # shut down: nothing runs any more
                 self._engine.abort(self._request_id)
+
+
+def _notify(loop: asyncio.AbstractEventLoop, callback: Callable[..., object], *args: object) -> bool:
+    """Schedules callback(*args) on loop from the engine thread; False when the loop has closed (its
+    caller is gone), which must not end the engine thread."""
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _put_all(batch: list[tuple[asyncio.Queue, RequestOutput]]) -> None:

@@ -5,6 +5,7 @@ the inbox, not yet taken by the engine), with every KV block back and no sink le
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from helpers.held_steps import HeldSteps
@@ -109,3 +110,31 @@ def test_a_cancelled_add_request_never_reaches_a_step(tiny_llama):
     assert all(step == {"running"} for step in held.steps)
     assert "gone" not in core.requests and not engine._sinks
     core.blocks.check_invariants()
+
+
+def test_a_closed_event_loop_aborts_its_requests_and_the_engine_serves_on(tiny_llama):
+    """A caller's event loop that closes while its request runs (nothing reads the request any more) is
+    an abort: the engine thread, which can no longer hand it outputs, lives on and frees its blocks."""
+    core = LLMEngine(tiny_llama, EngineConfig(block_size=4, num_kv_blocks=200, max_seq_len=256))
+    engine = AsyncEngine(core, queue_delay_s=0)
+
+    async def start() -> None:
+        await engine.add_request(EngineRequest("orphan", prompt(0), LONG))
+
+    async def serve() -> list[RequestOutput]:
+        stream = await engine.add_request(EngineRequest("next", prompt(1), SamplingParams(max_tokens=3, temperature=0)))
+        return [out async for out in stream]
+
+    try:
+        asyncio.run(start())  # returns with the request running; the loop closes
+        for _ in range(3000):
+            if not core.requests and not engine._sinks:
+                break
+            threading.Event().wait(0.01)
+        assert engine.healthy and not core.requests and not engine._sinks
+        outputs = asyncio.run(serve())
+    finally:
+        engine.shutdown()
+    assert outputs[-1].request_done and sum(len(o.new_token_ids) for o in outputs) == 3
+    core.blocks.check_invariants()
+    assert core.blocks.num_used_blocks() == 0
