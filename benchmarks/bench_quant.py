@@ -1,6 +1,6 @@
 """Quantized matmul throughput on the embedded model's own weights, beside the machine's read bandwidth.
 
-    python benchmarks/bench_quant.py
+    python benchmarks/bench_quant.py [--model GGUF]
 
 GEMV (batch 1): every projection of the model back to back, as one decode step reads them (more
 bytes than the last-level cache holds) and in the calls it makes (q/k/v and gate/up share one), in
@@ -8,11 +8,14 @@ GB/s of weight bytes and as a share of the read bandwidth measured just before i
 that bandwidth moves from run to run, so the two are measured in alternation, 5 times, and the
 median share is printed with its range. GEMM: one
 layer's gate and down projections at 16 and 512 rows, in GFLOP/s, with int8 activations and, where
-the variant has native bf16 dot products, bf16 ones; beside them torch's bf16 `linear` over a dense
+the variant has native bf16 dot products, bf16 ones (on AMX tiles and on vdpbf16ps, where the CPU has
+AMX-BF16); beside them torch's bf16 `linear` over a dense
 bf16 copy of the same matrix (the `--quantization none --dtype bfloat16` path). Once per ISA variant.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +30,9 @@ PROJECTIONS = [("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("s
 
 
 def main() -> None:
-    model = load_model(None).model
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file (default: the embedded model)")
+    model = load_model(ap.parse_args().model).model
     print(f"kernel threads {_C.get_num_threads()}")
     groups = [[model.matrices[f"model.layers.{i}.{name}.weight"] for name in group]
               for i in range(model.config.num_layers) for group in PROJECTIONS] + [[model.lm_head]]
@@ -64,7 +69,17 @@ def main() -> None:
                 forms = {"int8": lambda: ops.qmatmul(q, d, w.data, w.ggml_type, packed_rows=packed_rows)}
                 if _C.qmatmul_bf16_native():
                     xb = x.bfloat16()
-                    forms["bf16"] = lambda: ops.qmatmul_bf16(xb, w.data, w.ggml_type, packed_rows=packed_rows)
+
+                    def bf16(tiles: bool) -> None:
+                        _C.set_amx_bf16(tiles)
+                        try:
+                            ops.qmatmul_bf16(xb, w.data, w.ggml_type, packed_rows=packed_rows)
+                        finally:
+                            _C.set_amx_bf16(True)
+
+                    if _C.cpu_features()["amx_bf16"]:
+                        forms["bf16 (AMX tiles)"] = lambda: bf16(True)
+                    forms["bf16 (vdpbf16ps)"] = lambda: bf16(False)
                 flops = 2 * m * w.rows * w.cols
                 figures = ", ".join(f"{name} {flops / bench(fn, min_time=0.3, warmup=1) / 1e9:6.1f}"
                                     for name, fn in forms.items())

@@ -281,7 +281,8 @@ def main() -> None:
                 for n in args.streams:
                     for i, (name, (_, url, _)) in enumerate(servers.items()):
                         prompts = [random_ids(HTTP_IN, 1000 * (r + 1) + 100 * i + k, vocab) for k in range(n)]
-                        measured[name, f"http{n}"], measured[name, f"ttft{n}"], failed = asyncio.run(drive(url, prompts))
+                        tok_s, ttft, failed = asyncio.run(drive(url, prompts))
+                        measured[name, f"http{n}"], measured[name, f"ttft{n}"] = tok_s, ttft
                         failures += [f"round {r + 1}, {name}, {n} streams: {f}" for f in failed]
                 for key, value in measured.items():
                     results.setdefault(key, []).append(value)

@@ -12,7 +12,6 @@ from mindie.model.gguf_header import read_header
 from mindie.model.loader import LoadedModel, default_model_path, load_model
 from mindie.tokenizer import Tokenizer
 
-
 # Where the AVX-512 variant runs bf16 work on AMX tiles, it also runs once without them
 # ("avx512-noamx"), so both of its forms are tested on such a CPU.
 ISA_VARIANTS = _C.available_isas() + (
