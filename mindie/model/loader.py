@@ -87,6 +87,14 @@ def _as_name(text: str) -> str | None:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:MAX_NAME_CHARS].strip("._-") or None
 
 
+def _is_vision_dir(path: str) -> bool:
+    if not os.path.isdir(path):
+        return False
+    from mindie.model.hf_dir import VISION_ARCHITECTURES, read_raw_config
+
+    return any(n in VISION_ARCHITECTURES for n in read_raw_config(path).get("architectures") or [])
+
+
 def _is_gguf(path: str) -> bool:
     return path.endswith(".gguf") and os.path.isfile(path)
 
@@ -133,6 +141,13 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
     if _is_gguf(source) and quantization in ("q8_0", "q4_0"):
         raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
                          "its own formats (auto) or loads dense (none)")
+    if _is_vision_dir(source):
+        if quantization in ("q8_0", "q4_0"):
+            raise ValueError(f"--quantization {quantization}: a vision-language model loads dense (auto or none)")
+        from mindie.model.qwen2_vl import load_qwen2_vl
+
+        config, vl = load_qwen2_vl(source, resolved)
+        return LoadedModel(config, vl, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)
         return LoadedModel(model.config, model, tokenizer, source, name)
