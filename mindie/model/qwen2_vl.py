@@ -16,11 +16,11 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
-from mindie.model.qwen2_vl_processor import ImageInput, ImageSpec, preprocess
+from mindie.model.qwen2_vl_processor import ImageInput, ImageSpec, expand_placeholders, mrope_positions, preprocess
 from mindie.model.qwen2_vl_vision import VisionConfig, VisionTower
 
 if TYPE_CHECKING:
-    from mindie.engine.request import MediaItem
+    from mindie.engine.request import MediaInputs, MediaItem
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,18 @@ class Qwen2VLModel(LlamaModel):
         d = config.head_dim
         self.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
 
-    def preprocess_image(self, image: Any) -> ImageInput:
-        return preprocess(image, self.image_spec)
+    def prepare_prompt(self, token_ids: list[int], images: list[Any]) -> tuple[list[int], MediaInputs]:
+        """A rendered prompt with one image pad token per image (Pillow images, in order) -> the
+        prompt with each pad repeated to the image's token count, and its media. ValueError for
+        an image the processor refuses or a pad count that differs from the image count."""
+        from mindie.engine.request import MediaInputs, MediaItem
+
+        inputs = [preprocess(image, self.image_spec) for image in images]
+        ids, offsets = expand_placeholders(token_ids, self.image_tokens.pad_id, inputs)
+        items = tuple(MediaItem("image", at, x.num_tokens, x.content_hash, x) for at, x in zip(offsets, inputs))
+        positions, delta = mrope_positions(len(ids), [(at, x.grid) for at, x in zip(offsets, inputs)],
+                                           self.image_spec.merge_size)
+        return ids, MediaInputs(items, positions, delta)
 
     def encode_media(self, item: MediaItem) -> torch.Tensor:
         """[item.num_tokens, hidden] in the model's dtype: the image's embeddings at its tokens."""
