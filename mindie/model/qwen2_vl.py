@@ -32,6 +32,14 @@ class ImageTokens:
     end_id: int | None
 
 
+class ImageRefused(ValueError):
+    """The preprocessing refused image number `index` (of the prompt's images, from 0)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 class Qwen2VLModel(LlamaModel):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  raw: dict[str, Any], image_spec: ImageSpec) -> None:
@@ -55,7 +63,12 @@ class Qwen2VLModel(LlamaModel):
         an image the processor refuses or a pad count that differs from the image count."""
         from mindie.engine.request import MediaInputs, MediaItem
 
-        inputs = [preprocess(image, self.image_spec) for image in images]
+        inputs = []
+        for k, image in enumerate(images):
+            try:
+                inputs.append(preprocess(image, self.image_spec))
+            except ValueError as exc:
+                raise ImageRefused(k, str(exc)) from None
         ids, offsets = expand_placeholders(token_ids, self.image_tokens.pad_id, inputs)
         items = tuple(MediaItem("image", at, x.num_tokens, x.content_hash, x) for at, x in zip(offsets, inputs))
         positions, delta = mrope_positions(len(ids), [(at, x.grid) for at, x in zip(offsets, inputs)],

@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError
 from mindie.server.errors import APIError
 from mindie.server.fields import Body, describe
 from mindie.server.protocols import tools as tools_support
+from mindie.server.protocols.media import reads_images
 from mindie.server.protocols.params import ContentPart, join_parts
 
 if TYPE_CHECKING:
@@ -69,8 +70,7 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
             raise APIError(422, f"messages[{i}].content must be a non-empty string or list of parts (it may be "
                                 "absent or empty only for an assistant message with tool_calls)",
                            f"messages[{i}].content")
-        d: dict[str, Any] = {"role": m.role, "content": join_parts(m.content, f"messages[{i}].content")
-                             if m.content is not None else None}
+        d: dict[str, Any] = {"role": m.role, "content": _template_content(ctx, m.content, f"messages[{i}].content")}
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:
@@ -90,6 +90,11 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         if isinstance(m.get("content"), str):
             contents.append(m["content"])
             m["content"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
+        elif isinstance(m.get("content"), list):  # a vision model's parts: the text parts are marked
+            for part in m["content"]:
+                if part["type"] == "text":
+                    contents.append(part["text"])
+                    part["text"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
     ctx.check_chars(sum(map(len, contents)), "messages")  # before the template renders them
     try:
         rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
@@ -111,6 +116,27 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         elif piece:
             ids += ctx.tokenizer.encode(piece, add_special_tokens=False)
     return text, ids
+
+
+def _template_content(ctx: Serving, content: str | list[ContentPart] | None, field: str) -> Any:
+    """A message's content as the chat template reads it: text, or for a model that reads images
+    and a message that holds some, the parts in order ({"type": "image"} where an image goes; the
+    template writes its placeholder there)."""
+    if content is None or isinstance(content, str):
+        return content
+    if not (reads_images(ctx) and any(p.type == "image_url" for p in content)):
+        return join_parts(content, field)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(content):
+        if p.type == "image_url":
+            parts.append({"type": "image"})
+        elif p.type == "text":
+            if p.text is None:
+                raise APIError(422, f"{field}[{k}].text is required for a part of type 'text'", f"{field}[{k}].text")
+            parts.append({"type": "text", "text": p.text})
+        else:  # image_refs refused every other media type before rendering
+            raise APIError(422, f"{field}[{k}] is of type {p.type!r}, which this server does not read", field)
+    return parts
 
 
 def _cut_after_final(pieces: list[str], plain: list[dict[str, Any]], final: int) -> list[str]:
