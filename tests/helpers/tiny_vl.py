@@ -91,11 +91,16 @@ def hf_processor() -> Any:
     return Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
 
 
-def hf_generate(path: Path, prompt_ids: list[int], images: list[Any], new_tokens: int) -> list[int]:
-    """transformers' greedy generate on the same prompt (pads already expanded) and images."""
+def hf_model(path: Path) -> Any:
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def hf_generate(model: Any, prompt_ids: list[int], images: list[Any], new_tokens: int
+                ) -> tuple[list[int], list[float]]:
+    """transformers' greedy generate on the same prompt (pads already expanded) and images: the
+    tokens and each one's log-probability."""
     ids = torch.tensor([prompt_ids])
     kwargs: dict[str, Any] = {}
     if images:
@@ -104,5 +109,7 @@ def hf_generate(path: Path, prompt_ids: list[int], images: list[Any], new_tokens
                       mm_token_type_ids=(ids == IDS["<|image_pad|>"]).int())
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             min_new_tokens=new_tokens, **kwargs)
-    return out[0, len(prompt_ids):].tolist()
+                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **kwargs)
+    tokens = out.sequences[0, len(prompt_ids):].tolist()
+    lps = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
+    return tokens, lps

@@ -78,11 +78,13 @@ async def attach_images(ctx: Serving, ids: list[int], refs: list[ImageRef], fiel
     the prompt's image placeholders: (token ids, media), or (ids, None) without images."""
     if not refs:
         return ids, None
-    try:
-        images = await asyncio.gather(*(load_image(r.ref, ctx.settings.media, r.where) for r in refs))
-    except MediaError as exc:
-        where = str(exc).split(":")[0].split(" ")[0]
-        raise APIError(400, str(exc), where) from None
+    async def fetch(r: ImageRef) -> Any:
+        try:
+            return await load_image(r.ref, ctx.settings.media, r.where)
+        except MediaError as exc:
+            raise APIError(400, str(exc), r.where) from None
+
+    images = await asyncio.gather(*(fetch(r) for r in refs))
     model = ctx.engine.engine.loaded.model
     try:
         expanded, media = await asyncio.to_thread(model.prepare_prompt, ids, list(images))
