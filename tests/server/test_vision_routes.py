@@ -136,3 +136,12 @@ def test_text_only_model_refuses_images_naming_itself(tiny_server):
     r = httpx.post(f"{tiny_server.url}/infer", json={"inputs": [{"type": "image_url", "image_url": DATA_URI}]})
     assert (r.status_code, r.json()["error"]) == (400, (
         "inputs[0].image_url: the served model tiny reads text only; it takes no image parts"))
+
+
+def test_tokenize_counts_image_tokens(vl_server):
+    messages = [{"role": "user", "content": [image_part(DATA_URI), {"type": "text", "text": "What is this?"}]}]
+    r = httpx.post(f"{vl_server.url}/tokenize", json={"messages": messages}, timeout=60)
+    assert r.status_code == 200, r.text
+    served = chat(vl_server, messages[0]["content"]).json()
+    assert r.json()["count"] == served["usage"]["prompt_tokens"]
+    assert r.json()["tokens"].count(261) == 12
