@@ -48,8 +48,9 @@ def join_parts(value: str | list[ContentPart], field: str) -> str:
     texts = []
     for i, part in enumerate(value):
         if part.type != "text":
-            raise APIError(422, f"{field}[{i}] is of type {part.type!r}, but the served model reads text only; "
-                                "send parts of type 'text'", f"{field}[{i}].type")
+            raise APIError(422, f"{field}[{i}] is of type {part.type!r}, but this route reads text only (images go "
+                                "to /v1/chat/completions and /infer, for a model that reads them); send parts of "
+                                "type 'text'", f"{field}[{i}].type")
         if part.text is None:
             raise APIError(422, f"{field}[{i}].text is required for a part of type 'text'", f"{field}[{i}].text")
         texts.append(part.text)
