@@ -28,7 +28,7 @@ QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    model: LlamaModel | QuantizedLlamaModel
+    model: LlamaModel | QuantizedLlamaModel  # Qwen2-VL: a subclass of either (model/qwen2_vl.py)
     tokenizer: Tokenizer
     source: str
     name: str  # what it is served as unless configured otherwise (model_name)
@@ -142,11 +142,9 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
         raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
                          "its own formats (auto) or loads dense (none)")
     if _is_vision_dir(source):
-        if quantization in ("q8_0", "q4_0"):
-            raise ValueError(f"--quantization {quantization}: a vision-language model loads dense (auto or none)")
         from mindie.model.qwen2_vl import load_qwen2_vl
 
-        config, vl = load_qwen2_vl(source, resolved)
+        config, vl = load_qwen2_vl(source, resolved, quantization)
         return LoadedModel(config, vl, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)

@@ -16,6 +16,7 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
+from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.qwen2_vl_processor import ImageInput, ImageSpec, expand_placeholders, mrope_positions, preprocess
 from mindie.model.qwen2_vl_vision import VisionConfig, VisionTower
 
@@ -40,11 +41,15 @@ class ImageRefused(ValueError):
         self.index = index
 
 
-class Qwen2VLModel(LlamaModel):
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 raw: dict[str, Any], image_spec: ImageSpec) -> None:
-        weights = _language_model_names(weights)
-        super().__init__(config, weights, dtype)
+class VisionLanguage:
+    """What a Qwen2-VL / Qwen2.5-VL model adds to its language model's step, whichever step that is
+    (the exact torch one or the quantized C++ one): the vision tower, image prompts, M-RoPE rows."""
+
+    config: ModelConfig
+    dtype: torch.dtype
+
+    def _init_vision(self, config: ModelConfig, weights: dict[str, torch.Tensor], raw: dict[str, Any],
+                     image_spec: ImageSpec) -> None:
         qwen25 = "Qwen2_5_VLForConditionalGeneration" in (raw.get("architectures") or [])
         self.vision = VisionTower(VisionConfig.from_hf(raw["vision_config"], qwen25, config.hidden_size), weights)
         self.mrope_section = config.mrope_section
@@ -90,6 +95,30 @@ class Qwen2VLModel(LlamaModel):
         return torch.cat([chosen.cos(), chosen.sin()], dim=-1).contiguous()
 
 
+class Qwen2VLModel(VisionLanguage, LlamaModel):
+    """The exact path: dense weights, torch projections."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 raw: dict[str, Any], image_spec: ImageSpec) -> None:
+        LlamaModel.__init__(self, config, weights, dtype)
+        self._init_vision(config, weights, raw, image_spec)
+
+
+class QuantizedQwen2VLModel(VisionLanguage, QuantizedLlamaModel):
+    """The language model in the quantized C++ step (which takes the media rows and M-RoPE rows);
+    the vision tower stays float32 torch."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 raw: dict[str, Any], image_spec: ImageSpec, quantization: str) -> None:
+        from mindie.model.quantized import quantize_dense
+
+        text = {k: w for k, w in weights.items() if not k.startswith("visual.")}
+        matrices = {k: quantize_dense(w, quantization) for k, w in text.items() if w.dim() == 2}
+        vectors = {k: w.float() for k, w in text.items() if w.dim() == 1}
+        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype)
+        self._init_vision(config, weights, raw, image_spec)
+
+
 def _language_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Checkpoints written as transformers 5 holds the model (`model.language_model.*`,
     `model.visual.*`) renamed to the layout Qwen's own checkpoints use (`model.*`, `visual.*`)."""
@@ -103,10 +132,15 @@ def _language_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.T
     return out
 
 
-def load_qwen2_vl(path: str, dtype: torch.dtype) -> tuple[ModelConfig, Qwen2VLModel]:
+def load_qwen2_vl(path: str, dtype: torch.dtype, quantization: str = "none"
+                  ) -> tuple[ModelConfig, Qwen2VLModel | QuantizedQwen2VLModel]:
+    """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
     from mindie.model.hf_dir import read_config, read_raw_config, read_weights
 
     raw = read_raw_config(path)
     config = read_config(path)
     spec = ImageSpec.from_hf_dir(path, raw["vision_config"])
-    return config, Qwen2VLModel(config, read_weights(path), dtype, raw, spec)
+    weights = _language_model_names(read_weights(path))
+    if quantization in ("q8_0", "q4_0"):
+        return config, QuantizedQwen2VLModel(config, weights, dtype, raw, spec, quantization)
+    return config, Qwen2VLModel(config, weights, dtype, raw, spec)

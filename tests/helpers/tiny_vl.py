@@ -63,8 +63,8 @@ def make_tiny_vl(path: Path, qwen25: bool, seed: int = 0) -> Path:
     # Larger-than-init weights make the logits decisive, so greedy ties are not a coin toss.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.mul_(1.0 if "visual" in name else 2.0)
+            if p.dim() > 1:  # a sharper lm_head spreads the logits without changing the hidden states
+                p.mul_(1.0 if "visual" in name else 16.0 if "lm_head" in name else 2.0)
     model.save_pretrained(path)
     write_tokenizer(path)
     return path
