@@ -155,3 +155,12 @@ def test_quantized_step_reads_images_as_the_exact_path_does(family):
     assert got[0][1] != got[2][1]  # the image is read
     assert run(quant, [prompt(quant, [image])])[0][:2] == got[0][:2]  # bit for bit
     assert run(quant, [text])[0][:2] == got[1][:2]
+
+
+@pytest.mark.parametrize("quantization", ["none", "q8_0"])
+def test_bfloat16_reads_images(family, quantization):
+    path, loaded, hf = family
+    model = load_model(str(path), dtype=torch.bfloat16, quantization=quantization)
+    exact = loaded if quantization == "none" else load_model(str(path), dtype=torch.float32, quantization="q8_0")
+    image = draw(90, 120, 14)
+    assert run(model, [prompt(model, [image])])[0][0][:3] == run(exact, [prompt(exact, [image])])[0][0][:3]

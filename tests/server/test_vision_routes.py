@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
+import json
 
 import httpx
 import pytest
@@ -145,3 +146,19 @@ def test_tokenize_counts_image_tokens(vl_server):
     served = chat(vl_server, messages[0]["content"]).json()
     assert r.json()["count"] == served["usage"]["prompt_tokens"]
     assert r.json()["tokens"].count(261) == 12
+
+
+def test_streamed_chat_with_an_image_equals_the_whole_answer(vl_server):
+    content = [{"type": "text", "text": "Look:"}, image_part(DATA_URI)]
+    whole = chat(vl_server, content).json()["choices"][0]["message"]["content"]
+    body = {"model": "tiny-vl", "messages": [{"role": "user", "content": content}], "max_tokens": 6,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    text, usage = "", None
+    with httpx.stream("POST", f"{vl_server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+    assert text == whole
+    assert usage["prompt_tokens"] > 12
