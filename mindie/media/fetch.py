@@ -62,7 +62,7 @@ async def load_image(ref: str, policy: MediaPolicy, where: str) -> Any:
         data = await asyncio.to_thread(_from_local, ref.removeprefix("file://"), policy, where)
     else:
         raise MediaError(f"{where}: scheme {scheme!r} is not supported; use a local path, a data: URI, http or https")
-    return decode_image(data, where)
+    return await asyncio.to_thread(decode_image, data, where)  # decoding 20 MB takes a while: off the loop
 
 
 def decode_image(data: bytes, where: str) -> Any:
@@ -120,7 +120,10 @@ def _from_local(path: str, policy: MediaPolicy, where: str) -> bytes:
     if size > policy.max_bytes:
         raise _too_big(where, policy, f"{size / 2**20:.1f} MB")
     with open(real, "rb") as f:
-        return f.read(policy.max_bytes + 1)
+        data = f.read(policy.max_bytes + 1)
+    if len(data) > policy.max_bytes:  # grew since it was measured
+        raise _too_big(where, policy, "larger than that")
+    return data
 
 
 async def _check_host(url: str, policy: MediaPolicy, where: str) -> None:
@@ -136,12 +139,17 @@ async def _check_host(url: str, policy: MediaPolicy, where: str) -> None:
         raise MediaError(f"{where}: the host {parts.hostname!r} does not resolve") from None
     for info in infos:
         ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:  # ::ffff:127.0.0.1
+            ip = ip.ipv4_mapped
         if ip.is_loopback or ip.is_link_local or ip.is_unspecified:
             raise MediaError(f"{where}: {parts.hostname!r} resolves to {ip}, a loopback or link-local address; "
                              "such URLs are refused unless the server runs with --allow-private-media-urls")
 
 
 async def _from_url(url: str, policy: MediaPolicy, where: str) -> bytes:
+    """GET with redirects followed by hand, so that each hop's host is checked. The check resolves
+    the name once and the connection resolves it again: a DNS server that answers differently the
+    second time could still steer a fetch to a refused address (pinning the address is not built)."""
     import httpx
 
     async with httpx.AsyncClient(timeout=policy.timeout_s, follow_redirects=False, trust_env=False) as client:

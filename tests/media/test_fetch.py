@@ -107,7 +107,7 @@ def test_urls(media_server):
 def test_loopback_and_link_local_hosts_are_refused_unless_allowed(media_server):
     port = media_server.url.rsplit(":", 1)[1]
     for host, ip in (("127.0.0.1", "127.0.0.1"), ("localhost", "127.0.0.1"), ("169.254.169.254", "169.254.169.254"),
-                     ("[::1]", "::1")):
+                     ("[::1]", "::1"), ("[::ffff:127.0.0.1]", "127.0.0.1")):
         message = refused(f"http://{host}:{port}/image.png", MediaPolicy())
         assert message == (f"part: {host.strip('[]')!r} resolves to {ip}, a loopback or link-local address; such "
                            "URLs are refused unless the server runs with --allow-private-media-urls")
