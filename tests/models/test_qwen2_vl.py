@@ -73,6 +73,18 @@ def test_transparent_and_grey_images_as_transformers():
         np.testing.assert_array_equal(ours.pixels, hf_processor()(images=[image], return_tensors="np")["pixel_values"])
 
 
+def test_vision_tower_equals_transformers(family):
+    """Our tower's output for two images (one spans several Qwen2.5-VL windows) against transformers'."""
+    path, loaded, hf = family
+    images = [draw(400, 300, 6), draw(60, 130, 7)]
+    pre = hf_processor()(images=images, return_tensors="pt")
+    with torch.no_grad():
+        want = hf.model.visual(pre["pixel_values"], grid_thw=pre["image_grid_thw"]).pooler_output
+    ids, media = prompt(loaded, images)
+    ours = torch.cat([loaded.model.encode_media(item) for item in media.items])
+    torch.testing.assert_close(ours, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("size", [(56, 56), (150, 100), (70, 260)])
 def test_one_image_matches_transformers(family, size):
     path, loaded, hf = family
