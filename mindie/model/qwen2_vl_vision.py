@@ -57,6 +57,27 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: list[int]) -> torch.Tensor:
+    """Attention within each run of `segments` rows (an image, a frame or a window), never across:
+    q, k, v [rows, heads, head_dim] -> [rows, heads, head_dim]. The runs go in one batched call,
+    padded to the longest with the padding keys masked: a 1344x896 image has hundreds of windows,
+    and one call per window cost more than the attention itself."""
+    if len(segments) == 1:
+        return F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                              v.transpose(0, 1)[None])[0].transpose(0, 1)
+    lengths = torch.tensor(segments)
+    starts = torch.cumsum(lengths, 0) - lengths
+    longest = int(lengths.max())
+    valid = torch.arange(longest)[None, :] < lengths[:, None]  # [segments, longest]
+    index = torch.where(valid, starts[:, None] + torch.arange(longest)[None, :], q.shape[0])
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # [segments, heads, longest, head_dim]
+        return torch.cat([x, x.new_zeros(1, *x.shape[1:])])[index].transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=valid[:, None, None, :])
+    return out.transpose(1, 2)[valid]
+
+
 class VisionTower:
     def __init__(self, config: VisionConfig, weights: dict[str, torch.Tensor], prefix: str = "visual.") -> None:
         self.config = config
@@ -130,13 +151,8 @@ class VisionTower:
         q, k, v = F.linear(x, blk["attn.qkv.weight"], blk["attn.qkv.bias"]).reshape(n, 3, nh, -1).unbind(1)
         c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
         q, k = q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
-        outs, at = [], 0
-        for length in segments:  # attention never crosses an image (or window) boundary
-            sl = slice(at, at + length)
-            o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1))
-            outs.append(o.transpose(0, 1).reshape(length, -1))
-            at += length
-        return F.linear(torch.cat(outs), blk["attn.proj.weight"], blk["attn.proj.bias"])
+        out = _segment_attention(q, k, v, segments).reshape(n, -1)
+        return F.linear(out, blk["attn.proj.weight"], blk["attn.proj.bias"])
 
     def _mlp(self, x: torch.Tensor, blk: dict[str, torch.Tensor]) -> torch.Tensor:
         act = _ACTS[self.config.hidden_act]
