@@ -25,7 +25,8 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_tokenizer(path: Path) -> None:
+def write_tokenizer(path: Path, template_json: bool = False) -> None:
+    """`template_json`: the chat template in chat_template.json, where Qwen2-VL's processors keep it."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -34,8 +35,12 @@ def write_tokenizer(path: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS])
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE}))
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    if template_json:
+        (path / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+    else:
+        config["chat_template"] = CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     (path / "preprocessor_config.json").write_text(json.dumps(
         {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14, "temporal_patch_size": 2,
          "merge_size": 2}))
@@ -66,7 +71,7 @@ def make_tiny_vl(path: Path, qwen25: bool, seed: int = 0) -> Path:
             if p.dim() > 1:  # a sharper lm_head spreads the logits without changing the hidden states
                 p.mul_(1.0 if "visual" in name else 16.0 if "lm_head" in name else 2.0)
     model.save_pretrained(path)
-    write_tokenizer(path)
+    write_tokenizer(path, template_json=qwen25)
     return path
 
 
