@@ -165,6 +165,8 @@ def describe(loaded: LoadedModel) -> str:
         weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), {acts}, C++ step"
     else:
         weights = f"dense {str(m.dtype).removeprefix('torch.')} weights, torch GEMM"
+    if hasattr(m, "vision"):
+        weights += "; vision tower in torch, float32"
     features = [k for k, v in _C.cpu_features().items() if v]
     return (f"kernels {_C.get_isa()} ({', '.join(features) or 'no avx512 extensions'}), "
             f"{_C.get_num_threads()} kernel threads, {torch.get_num_threads()} torch threads; "

@@ -176,3 +176,18 @@ def test_bfloat16_reads_images(family, quantization):
     exact = loaded if quantization == "none" else load_model(str(path), dtype=torch.float32, quantization="q8_0")
     image = draw(90, 120, 14)
     assert run(model, [prompt(model, [image])])[0][0][:3] == run(exact, [prompt(exact, [image])])[0][0][:3]
+
+
+def test_offline_api_takes_images_as_vllm_does(family):
+    from mindie import LLM
+
+    path, loaded, hf = family
+    image = draw(100, 80, 15)
+    ids, media = prompt(loaded, [image])
+    text = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}])
+    llm = LLM(str(path), dtype="float32")
+    out = llm.generate({"prompt": text, "multi_modal_data": {"image": image}},
+                       SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    assert out.prompt_token_ids == ids
+    assert out.outputs[0].token_ids == run(loaded, [(ids, media)])[0][0]
