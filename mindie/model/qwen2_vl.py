@@ -1,5 +1,6 @@
-"""Qwen2-VL and Qwen2.5-VL: the Qwen2 language model (LlamaModel's exact torch step) with a vision
-tower, multimodal rotary positions and the image-token facts the server needs to build a prompt.
+"""Qwen2-VL and Qwen2.5-VL: the Qwen2 language model (LlamaModel's exact torch step, or with
+q8_0 / q4_0 weights QuantizedLlamaModel's C++ step) with a vision tower, multimodal rotary
+positions and the image-token facts the server needs to build a prompt.
 
 What differs from a Qwen2 text model is only at the step's edges: image tokens take the tower's
 output as their embeddings (AttentionMetadata.media_rows), and rows rotate by their own (t, h, w)
