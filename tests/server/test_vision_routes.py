@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import io
 import json
+import re
 
 import httpx
 import pytest
@@ -162,3 +163,27 @@ def test_streamed_chat_with_an_image_equals_the_whole_answer(vl_server):
                 text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
     assert text == whole
     assert usage["prompt_tokens"] > 12
+
+
+def test_plain_routes_take_image_parts_as_one_user_turn(vl_server):
+    """TGI's `inputs`, vLLM's `prompt` and Triton's `text_input` as part lists: the same prompt as
+    /infer builds (one user turn through the chat template), so the same greedy answer."""
+    parts = [{"type": "text", "text": "Name it:"}, {"type": "image_url", "image_url": DATA_URI}]
+    params = {"max_new_tokens": 5, "details": True}
+    native = httpx.post(f"{vl_server.url}/infer", json={"inputs": parts, "parameters": params}, timeout=60).json()
+    tgi = httpx.post(f"{vl_server.url}/generate", json={"inputs": parts, "parameters": params}, timeout=60)
+    assert tgi.status_code == 200, tgi.text
+    assert tgi.json()["generated_text"] == native["generated_text"]
+    triton = httpx.post(f"{vl_server.url}/v2/models/tiny-vl/generate",
+                        json={"text_input": parts, "parameters": params}, timeout=60)
+    assert triton.status_code == 200, triton.text
+    assert triton.json()["text_output"] == native["generated_text"]
+    vllm = httpx.post(f"{vl_server.url}/generate", json={"prompt": parts, "max_tokens": 5, "temperature": 0},
+                      timeout=60)
+    assert vllm.status_code == 200, vllm.text
+    assert vllm.json()["text"] == ["Name it: " + native["generated_text"]]  # the text part, a space, the output
+    r = httpx.post(f"{vl_server.url}/generate",
+                   json={"inputs": parts, "parameters": {"max_new_tokens": 5, "truncate": 3}}, timeout=60)
+    assert r.status_code == 400
+    assert re.fullmatch(r"parameters\.truncate=3 would cut a prompt with images \(\d+ tokens\); images are never "
+                        r"truncated", r.json()["error"]), r.json()

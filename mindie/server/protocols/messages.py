@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from jinja2 import TemplateError
 from pydantic import Field, ValidationError
@@ -13,10 +13,11 @@ from pydantic import Field, ValidationError
 from mindie.server.errors import APIError
 from mindie.server.fields import Body, describe
 from mindie.server.protocols import tools as tools_support
-from mindie.server.protocols.media import reads_images
+from mindie.server.protocols.media import MAX_MEDIA_ITEMS, attach_images, check_images, image_refs, reads_images
 from mindie.server.protocols.params import ContentPart, join_parts
 
 if TYPE_CHECKING:
+    from mindie.engine.request import MediaInputs
     from mindie.server.serving import Serving
 
 
@@ -116,6 +117,29 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         elif piece:
             ids += ctx.tokenizer.encode(piece, add_special_tokens=False)
     return text, ids
+
+
+class PartsPrompt(NamedTuple):
+    text: str  # the text parts, joined (what routes that echo the prompt echo)
+    ids: list[int]  # the prompt, image placeholders expanded
+    media: MediaInputs
+
+
+async def render_parts(ctx: Serving, parts: str | list[ContentPart], field: str, limit: int = MAX_MEDIA_ITEMS
+                       ) -> PartsPrompt | None:
+    """A plain route's multimodal prompt (/infer `inputs`, TGI `inputs`, vLLM `prompt`, Triton
+    `text_input`): the parts as one user turn through the chat template, as MindIE builds such a
+    prompt, each image where its part stands. None when the parts hold no image: the route reads
+    its text as it always has."""
+    images = image_refs(parts, field) if isinstance(parts, list) else []
+    if not images:
+        return None
+    check_images(ctx, images, limit)
+    _, ids = render_chat(ctx, [Message(role="user", content=parts)], None)
+    ids, media = await attach_images(ctx, ids, images, field)
+    assert media is not None
+    text = "".join(p.text or "" for p in parts if isinstance(p, ContentPart) and p.type == "text")
+    return PartsPrompt(text, ctx.fit_prompt(ids, field), media)
 
 
 def _template_content(ctx: Serving, content: str | list[ContentPart] | None, field: str) -> Any:

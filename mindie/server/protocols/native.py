@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from mindie.engine.request import EngineRequest, MediaInputs
+from mindie.engine.request import EngineRequest
 from mindie.server.errors import APIError, ErrorStyle
 from mindie.server.fields import Body, Seed, number, validate
 from mindie.server.http import json_response
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
-from mindie.server.protocols.media import ImageRef, attach_images, check_images, image_refs
-from mindie.server.protocols.messages import Message, render_chat
+from mindie.server.protocols.messages import render_parts
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -71,8 +70,8 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     media = None
     if req.input_id is not None:
         ids, text = ctx.check_token_ids(list(req.input_id), "input_id"), None
-    elif isinstance(req.inputs, list) and (images := image_refs(req.inputs, "inputs")):
-        text, ids, media = await _with_image(ctx, req.inputs, images)
+    elif (parts := await render_parts(ctx, req.inputs, "inputs", limit=MAX_INFER_IMAGES)) is not None:
+        text, ids, media = parts
     else:
         text = join_parts(req.inputs, "inputs")  # type: ignore[arg-type]
         ids = ctx.encode(text, "inputs")
@@ -80,18 +79,6 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
                             prompt_text=text, media=media)
     return Call([request], stream=req.stream, timeout_s=p.timeout), NativeRenderer(p.details, ctx.settings.full_text)
-
-
-async def _with_image(ctx: Serving, parts: list[ContentPart], images: list[ImageRef]
-                      ) -> tuple[str, list[int], MediaInputs | None]:
-    """/infer's multimodal `inputs` (seed 000: text parts and at most one image): the parts as one
-    user turn through the chat template, as MindIE builds a multimodal prompt; the image goes where
-    its part stands."""
-    check_images(ctx, images, limit=MAX_INFER_IMAGES)
-    message = Message(role="user", content=parts)
-    text, ids = render_chat(ctx, [message], None)
-    ids, media = await attach_images(ctx, ids, images, "inputs")
-    return text, ctx.fit_prompt(ids, "inputs"), media
 
 
 class NativeRenderer(Renderer):

@@ -18,7 +18,7 @@ from mindie.server.protocols.base import UNNAMED, Call, Renderer, dumps
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import GuidedFields, compile_guided, one_of
 from mindie.server.protocols.media import attach_images, chat_image_refs, check_images
-from mindie.server.protocols.messages import parse_message, render_chat
+from mindie.server.protocols.messages import parse_message, render_chat, render_parts
 from mindie.server.protocols.params import ContentPart, SamplingFields, TokenId, join_parts
 from mindie.server.results import Result, StreamItem
 
@@ -36,11 +36,15 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     req = validate(VLLMRequest, body)
     if req.model not in (None, "None", ctx.settings.model_name):
         raise APIError(422, f"model {req.model!r} is not served (LoRA adapters are not supported)", "model")
-    text = join_parts(req.prompt, "prompt")
-    ids = ctx.encode(text, "prompt")
+    media = None
+    if (parts := await render_parts(ctx, req.prompt, "prompt")) is not None:
+        text, ids, media = parts  # the reply echoes the text parts only (the spec's "text part")
+    else:
+        text = join_parts(req.prompt, "prompt")
+        ids = ctx.encode(text, "prompt")
     params = req.sampling_params(ctx, stream=req.stream)
     grammar = await compile_guided(ctx, one_of(req.guided()), params.max_tokens)
-    request = EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar)
+    request = EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar, media=media)
     return Call([request], stream=req.stream), VLLMRenderer(text, params.n, ctx.settings.full_text)
 
 
