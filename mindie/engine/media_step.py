@@ -8,6 +8,7 @@ in such a batch get their plain position on all three axes, which is the 1-D rot
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,6 +51,8 @@ def media_rows(model: Any, spans: list[tuple[Sequence, int, int, int]]) -> Media
                 continue
             if index not in media.embeddings:  # encoded once per request, kept for recompute
                 media.embeddings[index] = model.encode_media(item)
+                # the pixels are not needed again: let them go while the request runs on
+                media.items = media.items[:index] + (dataclasses.replace(item, data=None),) + media.items[index + 1:]
             rows += range(row0 + lo - start, row0 + hi - start)
             embeds.append(media.embeddings[index][lo - item.offset : hi - item.offset])
     rope = None

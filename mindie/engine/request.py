@@ -169,7 +169,7 @@ class MediaItem:
     num_tokens: int
     # sha256 of the preprocessed content: the prefix cache keys these tokens by it (Sequence.cache_keys)
     content_hash: bytes
-    data: Any  # the model's preprocessed input (mindie.model.qwen2_vl_processor.ImageInput)
+    data: Any  # the model's preprocessed input (qwen2_vl_processor.ImageInput); None once encoded
 
 
 @dataclass
