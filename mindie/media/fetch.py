@@ -133,8 +133,8 @@ async def _check_host(url: str, policy: MediaPolicy, where: str) -> None:
     if policy.allow_private_urls:
         return
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == 'https' else 80),
-                                                             type=socket.SOCK_STREAM)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        infos = await asyncio.get_running_loop().getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         raise MediaError(f"{where}: the host {parts.hostname!r} does not resolve") from None
     for info in infos:
