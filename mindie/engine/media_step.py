@@ -36,13 +36,13 @@ def media_rows(model: Any, spans: list[tuple[Sequence, int, int, int]]) -> Media
     for seq, row0, start, n in spans:
         media = seq.request.media
         end = start + n
-        if media is None or media.positions is None:
-            positions.append(np.broadcast_to(np.arange(start, end), (3, n)))
-        else:
-            prompt_end = min(end, seq.num_prompt_tokens)
-            generated = np.arange(max(start, seq.num_prompt_tokens), end) + media.rope_delta
-            positions.append(np.concatenate([media.positions[:, start:prompt_end],
-                                             np.broadcast_to(generated, (3, len(generated)))], axis=1))
+        prompt_end = min(end, seq.num_prompt_tokens)
+        if media is not None and media.positions is not None:
+            prompt = media.positions[:, start:prompt_end]
+        else:  # text; or a decode node's handed-over media, whose prompt it never computes
+            prompt = np.broadcast_to(np.arange(start, prompt_end), (3, max(prompt_end - start, 0)))
+        generated = np.arange(max(start, seq.num_prompt_tokens), end) + (media.rope_delta if media else 0)
+        positions.append(np.concatenate([prompt, np.broadcast_to(generated, (3, len(generated)))], axis=1))
         if media is None:
             continue
         for index, item in enumerate(media.items):

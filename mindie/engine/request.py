@@ -189,6 +189,23 @@ class MediaInputs:
     def num_tokens(self) -> int:
         return sum(item.num_tokens for item in self.items)
 
+    def handover_json(self) -> dict[str, Any]:
+        """What a decode node needs of these media (PD): where their tokens are, their content
+        hashes (its prefix-cache keys) and the rotary delta of generated tokens. No pixels, no
+        prompt positions: a decode node computes generated tokens only."""
+        return {"ropeDelta": self.rope_delta,
+                "items": [[i.kind, i.offset, i.num_tokens, i.content_hash.hex()] for i in self.items]}
+
+    @staticmethod
+    def from_handover_json(raw: Any) -> MediaInputs:
+        """ValueError if `raw` is not what handover_json writes."""
+        try:
+            items = tuple(MediaItem(str(kind), int(offset), int(n), bytes.fromhex(digest), None)
+                          for kind, offset, n, digest in raw["items"])
+            return MediaInputs(items, None, int(raw["ropeDelta"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"media: {exc}") from None
+
 
 @dataclass
 class EngineRequest:

@@ -6,6 +6,7 @@ naming the part and the rule."""
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mindie.media import MediaError, load_image
@@ -72,12 +73,26 @@ def check_images(ctx: Serving, refs: list[ImageRef], limit: int = MAX_MEDIA_ITEM
         raise APIError(400, f"the request has {len(refs)} media parts; the limit is {limit}", refs[limit].where)
 
 
+# On a PD decode node, while it parses a handed-off body again: the media P read (their token
+# counts and keys), which stand in for the images, so that D never fetches or encodes them.
+HANDED_OVER: ContextVar[MediaInputs | None] = ContextVar("handed_over_media", default=None)
+
+
 async def attach_images(ctx: Serving, ids: list[int], refs: list[ImageRef], field: str
                         ) -> tuple[list[int], MediaInputs | None]:
     """Fetches and decodes the images (concurrently), preprocesses them for the model and expands
     the prompt's image placeholders: (token ids, media), or (ids, None) without images."""
     if not refs:
         return ids, None
+    given = HANDED_OVER.get()
+    if given is not None:
+        from mindie.model.qwen2_vl_processor import expand_placeholders
+
+        pad = ctx.engine.engine.loaded.model.image_tokens.pad_id
+        try:
+            return expand_placeholders(ids, pad, list(given.items))[0], given
+        except ValueError as exc:
+            raise APIError(400, f"{field}: {exc} handed over", field) from None
     async def fetch(r: ImageRef) -> Any:
         try:
             return await load_image(r.ref, ctx.settings.media, r.where)

@@ -137,7 +137,7 @@ async def render_parts(ctx: Serving, parts: str | list[ContentPart], field: str,
     check_images(ctx, images, limit)
     _, ids = render_chat(ctx, [Message(role="user", content=parts)], None)
     ids, media = await attach_images(ctx, ids, images, field)
-    assert media is not None
+    assert media is not None  # images were found above
     text = "".join(p.text or "" for p in parts if isinstance(p, ContentPart) and p.type == "text")
     return PartsPrompt(text, ctx.fit_prompt(ids, field), media)
 
