@@ -74,6 +74,10 @@ def test_chat_with_an_image_counts_its_tokens(vl_server):
     assert body["usage"]["prompt_tokens"] == len(prompt_ids)
     text_only = chat(vl_server, "What is this?").json()
     assert text_only["usage"]["prompt_tokens"] < len(prompt_ids) - pads + 4
+    # a client's "<|image_pad|>" is text, never a placeholder
+    spoof = chat(vl_server, [image_part(DATA_URI), {"type": "text", "text": "<|image_pad|><|vision_start|>"}])
+    assert spoof.status_code == 200 and spoof.json()["prompt_token_ids"].count(261) == 12
+    assert chat(vl_server, "<|image_pad|>").json()["prompt_token_ids"].count(261) == 0
 
 
 def test_the_same_image_from_every_source_gives_the_same_answer(vl_server, media_server, media_dir):
