@@ -87,7 +87,8 @@ class LlamaForwardHandle {
   }
 
   void run(py::handle logits_obj, py::handle ids_obj, py::handle pos_obj, py::handle slots_obj, py::handle tables_obj,
-           py::handle starts_obj, py::handle lens_obj, py::handle rows_obj, py::handle prompt_lens_obj) {
+           py::handle starts_obj, py::handle lens_obj, py::handle rows_obj, py::handle prompt_lens_obj,
+           py::handle rope_obj, py::handle media_rows_obj, py::handle media_embeds_obj) {
     Tensor logits(logits_obj, "logits"), ids(ids_obj, "input_ids"), pos(pos_obj, "positions"),
         slots(slots_obj, "slot_mapping"), tables(tables_obj, "block_tables"), starts(starts_obj, "query_start_loc"),
         lens(lens_obj, "seq_lens"), rows(rows_obj, "logits_indices");
@@ -131,6 +132,25 @@ class LlamaForwardHandle {
     }
     kc::LlamaBatch b{ids.ptr<int64_t>(), T, pos.ptr<int64_t>(), slots.ptr<int64_t>(), tables.ptr<int32_t>(), width,
                      st, lens.ptr<int32_t>(), S, rows.ptr<int64_t>(), R, logits.ptr<float>(), prompt_lens};
+    if (!rope_obj.is_none()) {
+      Tensor rope(rope_obj, "rope_cos_sin");
+      rope.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, T, "tokens")
+          .expect_size(1, shape_.head_dim, "head_dim");
+      b.rope_rows = rope.ptr<float>();
+    }
+    if (media_rows_obj.is_none() != media_embeds_obj.is_none()) fail("media_rows and media_embeds go together");
+    if (!media_rows_obj.is_none()) {
+      Tensor mrows(media_rows_obj, "media_rows"), membeds(media_embeds_obj, "media_embeds");
+      mrows.expect(ElemType::kInt64).expect_ndim(1).expect_contiguous();
+      const int64_t k = mrows.size(0);
+      membeds.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, k, "media rows")
+          .expect_size(1, shape_.hidden, "hidden");
+      for (int64_t r = 0; r < k; ++r)
+        if (mrows.ptr<int64_t>()[r] < 0 || mrows.ptr<int64_t>()[r] >= T) fail("media_rows: out of range");
+      b.media_rows = mrows.ptr<int64_t>();
+      b.media_embeds = membeds.ptr<float>();
+      b.num_media_rows = k;
+    }
     py::gil_scoped_release nogil;
     step_->run(b);
   }
@@ -185,9 +205,12 @@ void bind_forward(py::module_& m) {
       .def("set_kv_caches", &LlamaForwardHandle::set_kv_caches, py::arg("keys"), py::arg("values"))
       .def("run", &LlamaForwardHandle::run, py::arg("logits"), py::arg("input_ids"), py::arg("positions"),
            py::arg("slot_mapping"), py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
-           py::arg("logits_indices"), py::arg("prompt_lens") = py::none(),
+           py::arg("logits_indices"), py::arg("prompt_lens") = py::none(), py::arg("rope_cos_sin") = py::none(),
+           py::arg("media_rows") = py::none(), py::arg("media_embeds") = py::none(),
            "Runs one step; logits [len(logits_indices), vocab] float32 are written in place. prompt_lens "
-           "(int32 [sequences]): a row whose position is below its sequence's is a prompt token.");
+           "(int32 [sequences]): a row whose position is below its sequence's is a prompt token. rope_cos_sin "
+           "(float32 [tokens, head_dim]): each row's own rotary cos/sin instead of the table's at its position; "
+           "media_rows (int64 [k]) with media_embeds (float32 [k, hidden]): rows whose embedding is replaced.");
 }
 
 }  // namespace mindie::host

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -35,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantization", choices=["auto", "none", "q8_0", "q4_0"],
                        help="auto (default): a GGUF keeps its formats, a Hugging Face model stays dense; none: "
                        "everything dense (exact); q8_0 / q4_0: quantize a Hugging Face model at load")
+    serve.add_argument("--allowed-local-media-path", metavar="DIR",
+                       help="read images named by a local path only under DIR (default: no local path is read)")
+    serve.add_argument("--allow-private-media-urls", action="store_true", default=None,
+                       help="let image URLs name loopback and link-local hosts (refused by default)")
     coordinator = sub.add_parser("coordinator", help="the prefill/decode coordinator (MindIE MS ms_coordinator)")
     coordinator.add_argument("--config", required=True, help="an ms_coordinator.json, with the P/D `instances`")
     from mindie.coordinator.cluster import add_arguments
@@ -46,7 +51,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     settings = ServerSettings.from_file(args.config) if args.config else ServerSettings()
-    return settings.with_overrides(
+    media = settings.media
+    if args.allowed_local_media_path is not None:
+        media = dataclasses.replace(media, allowed_local_path=os.path.abspath(args.allowed_local_media_path))
+    if args.allow_private_media_urls:
+        media = dataclasses.replace(media, allow_private_urls=True)
+    return settings.with_overrides(media=media, 
         model_path=args.model, host=args.host, port=args.port, management_host=args.management_host,
         management_port=args.management_port, metrics_port=args.metrics_port, api_key=args.api_key,
         model_name=args.model_name, dtype=args.dtype, quantization=args.quantization,

@@ -9,10 +9,11 @@ from typing import Any
 
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
+from mindie.engine.request import EngineRequest, MediaInputs, RequestOutput, SamplingParams
 from mindie.model.loader import load_model
 
-Prompt = str | dict[str, Any]  # text, or {"prompt_token_ids": [...]}
+# text, or {"prompt": text} / {"prompt_token_ids": [...]}, either with {"multi_modal_data": {"image": ...}}
+Prompt = str | dict[str, Any]
 
 
 @dataclass
@@ -61,8 +62,9 @@ class LLM:
         results: dict[str, GenerationResult] = {}
         for prompt, p in zip(prompts, per_prompt):
             text, ids = self._tokenize(prompt)
+            ids, media = self._media(prompt, ids)
             request_id = str(next(self._ids))
-            self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text))
+            self.engine.add_request(EngineRequest(request_id, ids, p, prompt_text=text, media=media))
             samples = [CompletionOutput(i, "", [], 0.0, None, None) for i in range(p.num_outputs)]
             results[request_id] = GenerationResult(request_id, text, ids, samples)
         self._run(results, dict(zip(results, per_prompt)), use_tqdm=use_tqdm)
@@ -75,6 +77,11 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[GenerationResult]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        for c in conversations:
+            for m in c:
+                if isinstance(m.get("content"), list) and any(p.get("type") != "text" for p in m["content"]):
+                    raise ValueError("LLM.chat reads text parts only; pass images to generate() as "
+                                     '{"prompt": ..., "multi_modal_data": {"image": ...}}')
         prompts = [
             {"prompt_token_ids": self.tokenizer.encode(self.tokenizer.apply_chat_template(c), add_special_tokens=False)}
             for c in conversations
@@ -86,7 +93,23 @@ class LLM:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        raise ValueError("a prompt must be a string or a dict with 'prompt_token_ids'")
+        if isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise ValueError("a prompt must be a string or a dict with 'prompt' or 'prompt_token_ids'")
+
+    def _media(self, prompt: Prompt, ids: list[int]) -> tuple[list[int], MediaInputs | None]:
+        """vLLM's {"multi_modal_data": {"image": image or [images]}} (Pillow images): the prompt holds
+        one image placeholder per image (a chat template writes them), expanded here."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if not data:
+            return ids, None
+        if set(data) != {"image"}:
+            raise ValueError(f"multi_modal_data takes 'image' only, got {sorted(data)}")
+        model = self.engine.loaded.model
+        if not hasattr(model, "prepare_prompt"):
+            raise ValueError(f"the model ({self.engine.loaded.name}) reads text only; it takes no images")
+        images = data["image"] if isinstance(data["image"], list) else [data["image"]]
+        return model.prepare_prompt(ids, images)
 
     def _run(self, results: dict[str, GenerationResult], params: dict[str, SamplingParams], use_tqdm: bool) -> None:
         bar = None

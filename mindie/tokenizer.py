@@ -88,6 +88,10 @@ class Tokenizer:
         if template is None and os.path.exists(template_file):
             with open(template_file, encoding="utf-8") as f:
                 template = f.read()
+        template_json = os.path.join(path, "chat_template.json")  # where Qwen2-VL's processors keep it
+        if template is None and os.path.exists(template_json):
+            with open(template_json, encoding="utf-8") as f:
+                template = json.load(f).get("chat_template")
         bos = _token_content(cfg.get("bos_token"))
         eos = _token_content(cfg.get("eos_token"))
         pad = _token_content(cfg.get("pad_token"))

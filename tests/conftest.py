@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.tiny_models import make_tiny
+from helpers.tiny_vl import make_tiny_vl
 
 from mindie import _C
 from mindie.model.gguf_header import read_header
@@ -37,6 +38,16 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen25_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"), qwen25=True)
 
 
 # The loaded models below are shared by every test that needs one, loaded once per session: a

@@ -149,8 +149,18 @@ void LlamaForward::run(const LlamaBatch& b) {
   float* attn = sized(attn_, T * qsz);
   float* gate_up = sized(gate_up_, T * 2 * inter);
   float* act = sized(act_, T * inter);
+  for (int64_t r = 0; r < b.num_media_rows; ++r)
+    std::memcpy(hidden + b.media_rows[r] * h, b.media_embeds + r * h, h * sizeof(float));
   std::memcpy(residual, hidden, T * h * sizeof(float));
   split_rows(b);
+  const int64_t* rope_positions = b.positions;
+  const float* rope_table = s.cos_sin;
+  if (b.rope_rows != nullptr) {  // row t rotates by rope_rows[t]
+    int64_t* index = sized(row_index_, T);
+    for (int64_t t = 0; t < T; ++t) index[t] = t;
+    rope_positions = index;
+    rope_table = b.rope_rows;
+  }
   const RowForms& forms = token_forms_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const LlamaLayerWeights& L = layers_[li];
@@ -159,7 +169,7 @@ void LlamaForward::run(const LlamaBatch& b) {
               DType::kFloat32, DType::kFloat32});
     project(x, T, h, forms, {{&L.q, L.q_bias, qkv, qkv_w}, {&L.k, L.k_bias, qkv + qsz, qkv_w},
                       {&L.v, L.v_bias, qkv + qsz + kvsz, qkv_w}});
-    rotary_embedding({b.positions, qkv, qkv + qsz, s.cos_sin, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
+    rotary_embedding({rope_positions, qkv, qkv + qsz, rope_table, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
                       qkv_w, qkv_w, true, DType::kFloat32});
     reshape_and_cache({qkv + qsz, qkv + qsz + kvsz, qkv_w, qkv_w, key_caches_[li], value_caches_[li], b.slot_mapping,
                        T, s.block_size, s.kv_heads, s.head_dim, DType::kFloat32, s.kv_dtype});

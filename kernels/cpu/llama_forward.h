@@ -63,6 +63,14 @@ struct LlamaBatch {
   int64_t num_logits;
   float* logits;  // [num_logits, vocab]
   const int32_t* prompt_lens;  // [num_seqs]: rows at positions below are prompt tokens; nullptr: none are
+  // Media (vision-language models; all optional): rows whose embedding is replaced by a row of
+  // media_embeds [num_media_rows, hidden] float32 (an image's encoder output at its tokens), and
+  // rope_rows [tokens, head_dim] float32, each row's own rotary cos/sin (multimodal positions) in
+  // place of the table row at its position.
+  const int64_t* media_rows = nullptr;
+  const float* media_embeds = nullptr;
+  int64_t num_media_rows = 0;
+  const float* rope_rows = nullptr;
 };
 
 class LlamaForward {
@@ -104,6 +112,7 @@ class LlamaForward {
   ScratchVector<bf16_t> xb_;
   RowForms token_forms_;
   ScratchVector<int32_t> ids_;
+  ScratchVector<int64_t> row_index_;  // 0..tokens-1: the rotary positions into rope_rows
 };
 
 }  // namespace mindie::kernels::cpu

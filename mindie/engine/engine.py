@@ -100,6 +100,8 @@ class LLMEngine:
         bad = next((t for t in request.prompt_token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is out of range [0, {vocab})")
+        if request.media is not None and not hasattr(self.loaded.model, "encode_media"):
+            raise ValueError(f"the served model ({self.loaded.name}) reads text only; it takes no images")
         max_total = self._max_total(request, width)
         if request.handoff and (width > 1 or params.num_samples > 1):
             raise ValueError("only a single-sample request can be handed off after its first token")

@@ -127,6 +127,6 @@ class KVHandoff:
         seq.num_computed_tokens = len(seq.token_ids) - 1
         seq.num_cached_prompt_tokens = num_cached_prompt_tokens  # P's prefix-cache hit, reported as is
         seq.first_scheduled_time = seq.first_token_time = seq.ready_time = time.monotonic()
-        self.blocks.commit(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        self.blocks.commit(seq.seq_id, seq.cache_keys, seq.num_computed_tokens)  # image blocks by content
         self.requests[rid] = [seq]
         self.scheduler.resume(seq)

@@ -13,7 +13,7 @@ import enum
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mindie.structured.grammar import Grammar
@@ -159,6 +159,54 @@ class Continuation:
     cumulative_logprob: float
 
 
+@dataclass(frozen=True)
+class MediaItem:
+    """One image (or clip) of a prompt: its placeholder tokens are prompt positions
+    [offset, offset + num_tokens), whose embeddings the model's encoder output replaces."""
+
+    kind: str  # "image"
+    offset: int
+    num_tokens: int
+    # sha256 of the preprocessed content: the prefix cache keys these tokens by it (Sequence.cache_keys)
+    content_hash: bytes
+    data: Any  # the model's preprocessed input (qwen2_vl_processor.ImageInput); None once encoded
+
+
+@dataclass
+class MediaInputs:
+    """A prompt's media, one description for every model family that reads them."""
+
+    items: tuple[MediaItem, ...]
+    # Multimodal rotary (Qwen2-VL's M-RoPE): int64 [3, prompt tokens] (t, h, w) positions; a
+    # generated token at index i sits at i + rope_delta on all three axes. None: 1-D positions.
+    positions: Any = None
+    rope_delta: int = 0
+    # Encoder outputs by item index, filled the first time a step computes the item's tokens and
+    # kept with the request, so recompute after preemption and sibling samples never re-encode.
+    embeddings: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+    def handover_json(self) -> dict[str, Any]:
+        """What a decode node needs of these media (PD): where their tokens are, their content
+        hashes (its prefix-cache keys) and the rotary delta of generated tokens. No pixels, no
+        prompt positions: a decode node computes generated tokens only."""
+        return {"ropeDelta": self.rope_delta,
+                "items": [[i.kind, i.offset, i.num_tokens, i.content_hash.hex()] for i in self.items]}
+
+    @staticmethod
+    def from_handover_json(raw: Any) -> MediaInputs:
+        """ValueError if `raw` is not what handover_json writes."""
+        try:
+            items = tuple(MediaItem(str(kind), int(offset), int(n), bytes.fromhex(digest), None)
+                          for kind, offset, n, digest in raw["items"])
+            return MediaInputs(items, None, int(raw["ropeDelta"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"media: {exc}") from None
+
+
 @dataclass
 class EngineRequest:
     request_id: str
@@ -180,6 +228,7 @@ class EngineRequest:
     # A test hook (a decode node's MINDIE_PD_PREEMPT_AT): with recompute_elsewhere, the sequence
     # is preempted as soon as it has this many outputs, as if the KV cache had run short.
     preempt_at: int | None = None
+    media: MediaInputs | None = None  # images in the prompt; None for text
 
     def __post_init__(self) -> None:
         _check(1 <= self.priority <= 5, "priority", "in [1, 5]", self.priority)

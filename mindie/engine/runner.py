@@ -8,6 +8,7 @@ import torch
 
 from mindie import ops
 from mindie.engine.block_manager import BlockManager
+from mindie.engine.media_step import media_rows
 from mindie.engine.scheduler import SchedulerOutput
 from mindie.engine.sequence import Sequence
 from mindie.model.llama import AttentionMetadata, LlamaModel
@@ -49,9 +50,11 @@ class ModelRunner:
         row_seqs: list[Sequence] = []
         prompt_rows: list[int] = []
         prompt_spans: list[tuple[Sequence, int, int]] = []  # (seq, first position, count)
+        spans: list[tuple[Sequence, int, int, int]] = []  # (seq, first row, first position, count)
         for s in out.scheduled:
             seq, start, n = s.seq, s.seq.num_computed_tokens, s.num_new_tokens
             table = self.blocks.block_table(seq.seq_id)
+            spans.append((seq, len(ids), start, n))
             ids += seq.token_ids[start : start + n]
             pos = range(start, start + n)
             positions += pos
@@ -70,6 +73,7 @@ class ModelRunner:
                 rows.append(starts[-1] - 1)
                 row_seqs.append(seq)
         width = max(len(t) for t in tables)
+        media = media_rows(self.model, spans)
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.int64),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
@@ -78,6 +82,9 @@ class ModelRunner:
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             logits_indices=torch.tensor(rows + prompt_rows, dtype=torch.int64),
             prompt_lens=torch.tensor(prompt_lens, dtype=torch.int32),
+            media_rows=media.rows,
+            media_embeds=media.embeds,
+            rope_cos_sin=media.rope,
         )
         logits = self.model.forward(torch.tensor(ids, dtype=torch.int64), meta, self.kv_caches)
         prompt_logits, at = [], len(rows)

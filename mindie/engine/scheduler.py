@@ -202,9 +202,9 @@ class Scheduler:
         plans: list[tuple[int, int]] = []  # (reused tokens, tokens this step) per member
         for seq in unit:
             reuse = not seq.wants_prompt_logprobs
-            cached = self.blocks.match_prefix(seq.token_ids).num_tokens if reuse else 0
+            cached = self.blocks.match_prefix(seq.cache_keys).num_tokens if reuse else 0
             n = self._chunk(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
-            reused = self.blocks.allocate(seq.seq_id, seq.token_ids, cached + n, reuse_prefix=reuse)
+            reused = self.blocks.allocate(seq.seq_id, seq.cache_keys, cached + n, reuse_prefix=reuse)
             if reused is None:
                 for done in unit[: len(plans)]:
                     self.blocks.free(done.seq_id)
@@ -240,7 +240,7 @@ class Scheduler:
         """The model wrote KV for the scheduled tokens: advance and publish full blocks."""
         for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-            self.blocks.commit(s.seq.seq_id, s.seq.token_ids, s.seq.num_computed_tokens)
+            self.blocks.commit(s.seq.seq_id, s.seq.cache_keys, s.seq.num_computed_tokens)
 
 
 def _width(unit: list[Sequence]) -> int:

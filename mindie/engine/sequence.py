@@ -72,6 +72,22 @@ class Sequence:
         return self.prompt_logprobs is None or self.prompt_logprobs[-1] is None
 
     @property
+    def cache_keys(self) -> list[int]:
+        """What the prefix cache hashes for this sequence: its token ids, except that each media
+        placeholder token becomes a negative key made of its item's content hash. The same image
+        at the same place then hits the cache, another image behind the same placeholder tokens
+        never does (vLLM keys such blocks by extra hashes; a key in the token stream does the
+        same with the block manager unchanged)."""
+        media = self.request.media
+        if media is None:
+            return self.token_ids
+        keys = list(self.token_ids)
+        for item in media.items:
+            key = -1 - int.from_bytes(item.content_hash[:7], "little")  # never a token id
+            keys[item.offset : item.offset + item.num_tokens] = [key] * item.num_tokens
+        return keys
+
+    @property
     def seq_id(self) -> str:
         return f"{self.request.request_id}#{self.index}"
 

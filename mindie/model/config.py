@@ -24,6 +24,9 @@ class ModelConfig:
     qkv_bias: bool  # Qwen2 has biases on the q/k/v projections
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Qwen2-VL's multimodal rotary: how many of the head_dim / 2 frequencies follow the (t, h, w)
+    # position each; () for 1-D rotary
+    mrope_section: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:

@@ -10,7 +10,10 @@ import torch
 
 from mindie.model.config import ModelConfig
 
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
+# Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
+VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -19,9 +22,16 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
 
 
-def read_config(path: str) -> ModelConfig:
+def read_raw_config(path: str) -> dict[str, Any]:
+    """config.json; a vision-language model's `text_config` (transformers 5 nests it there) lifted
+    to the top level, where older checkpoints keep those keys."""
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
+    return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def read_config(path: str) -> ModelConfig:
+    cfg = read_raw_config(path)
     names = cfg.get("architectures") or []
     arch = next((_ARCHITECTURES[n] for n in names if n in _ARCHITECTURES), None)
     if arch is None:
@@ -30,7 +40,8 @@ def read_config(path: str) -> ModelConfig:
         )
     heads = int(cfg["num_attention_heads"])
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+    mrope = tuple(int(n) for n in rope.get("mrope_section") or ())
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
         raise ValueError(f"{path}: rope scaling {rope} is not supported yet")
     theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     return ModelConfig(
@@ -49,6 +60,7 @@ def read_config(path: str) -> ModelConfig:
         qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+        mrope_section=mrope if any(n in VISION_ARCHITECTURES for n in names) else (),
     )
 
 

@@ -29,6 +29,13 @@ class AttentionMetadata:
     # int32 [seqs]: a row at a position below its sequence's entry is a prompt token, which the C++ step
     # may compute in bf16 (QuantizedLlamaModel); None: every row is a generated token.
     prompt_lens: torch.Tensor | None = None
+    # Media (mindie.engine.media_step): these rows take these embeddings instead of their tokens'
+    # (an image's encoder output at its placeholder tokens) ...
+    media_rows: torch.Tensor | None = None  # int64 [k]
+    media_embeds: torch.Tensor | None = None  # [k, hidden]
+    # ... and each row's own rotary cos/sin [tokens, head_dim] (multimodal rotary positions) in
+    # place of the table row at its position. None: `positions` index the model's table.
+    rope_cos_sin: torch.Tensor | None = None
 
 
 @dataclass
@@ -114,6 +121,11 @@ class LlamaModel:
         c = self.config
         tokens = input_ids.shape[0]
         hidden = self.embed.index_select(0, input_ids)
+        if meta.media_rows is not None and meta.media_embeds is not None:
+            hidden.index_copy_(0, meta.media_rows, meta.media_embeds.to(self.dtype))
+        positions, cos_sin = meta.positions, self.cos_sin
+        if meta.rope_cos_sin is not None:  # row i rotates by its own table row i
+            positions, cos_sin = torch.arange(tokens, dtype=torch.int64), meta.rope_cos_sin
         residual: torch.Tensor | None = None
         attn_out = torch.empty(tokens, c.num_heads, c.head_dim, dtype=self.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -126,7 +138,7 @@ class LlamaModel:
             q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size : c.q_size + c.kv_size].view(tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size :].view(tokens, c.num_kv_heads, c.head_dim)
-            ops.rotary_embedding(meta.positions, q, k, self.cos_sin)
+            ops.rotary_embedding(positions, q, k, cos_sin)
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             ops.paged_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale, out=attn_out

@@ -128,6 +128,8 @@ class QuantizedLlamaModel:
         if self._step is None or kv_caches is not self._caches:
             raise ValueError("forward needs the KV caches this model allocated (allocate_kv_cache)")
         logits = torch.empty(meta.logits_indices.shape[0], self.config.vocab_size, dtype=torch.float32)
+        embeds = None if meta.media_embeds is None else meta.media_embeds.float().contiguous()
         self._step.run(logits, input_ids, meta.positions, meta.slot_mapping, meta.block_tables,
-                       meta.query_start_loc, meta.seq_lens, meta.logits_indices, meta.prompt_lens)
+                       meta.query_start_loc, meta.seq_lens, meta.logits_indices, meta.prompt_lens,
+                       meta.rope_cos_sin, meta.media_rows, embeds)
         return logits

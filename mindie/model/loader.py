@@ -28,7 +28,7 @@ QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    model: LlamaModel | QuantizedLlamaModel
+    model: LlamaModel | QuantizedLlamaModel  # Qwen2-VL: a subclass of either (model/qwen2_vl.py)
     tokenizer: Tokenizer
     source: str
     name: str  # what it is served as unless configured otherwise (model_name)
@@ -87,6 +87,14 @@ def _as_name(text: str) -> str | None:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:MAX_NAME_CHARS].strip("._-") or None
 
 
+def _is_vision_dir(path: str) -> bool:
+    if not os.path.isdir(path):
+        return False
+    from mindie.model.hf_dir import VISION_ARCHITECTURES, read_raw_config
+
+    return any(n in VISION_ARCHITECTURES for n in read_raw_config(path).get("architectures") or [])
+
+
 def _is_gguf(path: str) -> bool:
     return path.endswith(".gguf") and os.path.isfile(path)
 
@@ -133,6 +141,11 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
     if _is_gguf(source) and quantization in ("q8_0", "q4_0"):
         raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
                          "its own formats (auto) or loads dense (none)")
+    if _is_vision_dir(source):
+        from mindie.model.qwen2_vl import load_qwen2_vl
+
+        config, vl = load_qwen2_vl(source, resolved, quantization)
+        return LoadedModel(config, vl, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)
         return LoadedModel(model.config, model, tokenizer, source, name)
@@ -152,6 +165,8 @@ def describe(loaded: LoadedModel) -> str:
         weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), {acts}, C++ step"
     else:
         weights = f"dense {str(m.dtype).removeprefix('torch.')} weights, torch GEMM"
+    if hasattr(m, "vision"):
+        weights += "; vision tower in torch, float32"
     features = [k for k, v in _C.cpu_features().items() if v]
     return (f"kernels {_C.get_isa()} ({', '.join(features) or 'no avx512 extensions'}), "
             f"{_C.get_num_threads()} kernel threads, {torch.get_num_threads()} torch threads; "

@@ -36,6 +36,9 @@ class DecodeParams:
     layout: KVLayout
     p_node_addr: str  # "ip:port" of P's interCommPort, for /pd/v1/release
     metrics: dict[str, Any]
+    # A prompt's images as MediaInputs.handover_json writes them: D takes their token counts,
+    # cache keys and rotary delta from here and never fetches or encodes them. None: no images.
+    media: dict[str, Any] | None = None
 
     @property
     def kv_tokens(self) -> list[int]:
@@ -48,7 +51,8 @@ class DecodeParams:
                 "firstItems": [item_json(i) for i in self.first_items], "seed": self.seed,
                 "cumulativeLogprob": self.cumulative_logprob, "rendererState": self.renderer_state,
                 "blockTable": self.kv.block_ids, "kvAddr": self.kv.addr, "layout": dataclasses.asdict(self.layout),
-                "pNodeAddr": self.p_node_addr, "metrics": self.metrics}
+                "pNodeAddr": self.p_node_addr, "metrics": self.metrics,
+                **({"media": self.media} if self.media is not None else {})}
 
     @classmethod
     def from_json(cls, raw: Any) -> DecodeParams:
@@ -82,7 +86,7 @@ class DecodeParams:
                    renderer_state=get("rendererState", dict),
                    kv=KVHandle(req_id, get("kvAddr", str), ids("blockTable")),
                    layout=KVLayout.from_json(get("layout", dict)), p_node_addr=get("pNodeAddr", str),
-                   metrics=get("metrics", dict))
+                   metrics=get("metrics", dict), media=get("media", dict) if "media" in raw else None)
 
 
 def _lp_json(lp: TokenLogprob | None) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 
 from mindie.config import ENGINE_KEYS, EngineConfig
 from mindie.config_keys import ConfigError, Key, check_section
+from mindie.media import MediaPolicy
 
 _INT_MAX = 2**31 - 1
 
@@ -60,6 +61,9 @@ _SERVER: dict[str, Key] = {
     "tokenTimeout": Key("int", lo=1, hi=3600),
     "e2eTimeout": Key("int", lo=1, hi=65535),
     "maxRequestLength": Key("int", lo=1, hi=100),
+    # Ours, as vLLM's --allowed-local-media-path / a switch for URLs on loopback and link-local hosts
+    "allowedLocalMediaPath": Key("str"),
+    "allowPrivateMediaUrls": _BOOL,
     "maxJsonDepth": Key("int", lo=2, hi=200, honoured=False),  # the JSON parser refuses depth > 200 anyway
     "distDPServerEnabled": Key("bool", choices=(False,)),
     "HealthCheckConfig": Key("dict", honoured=False),
@@ -186,6 +190,7 @@ class ServerSettings:
     max_n: int = 128  # maxN: the most samples (n, best_of) or beams a request may ask for
     queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch
     engine: EngineConfig = field(default_factory=EngineConfig)
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where images may come from, and limits
     ignored: tuple[str, ...] = ()  # accepted keys that have no effect here
     # Prefill/decode disaggregation (inferMode "dmi"): the P<->D control port (interCommPort) on
     # the business IP, the KV transfer listener (interCommPort + 1; 0 picks a free port), the
@@ -321,6 +326,9 @@ class ServerSettings:
             queue_delay_s=schedule.get("maxQueueDelayMicroseconds", 5000) / 1e6,
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,
             engine=engine,
+            media=MediaPolicy(allowed_local_path=path(server["allowedLocalMediaPath"])
+                              if server.get("allowedLocalMediaPath") else None,
+                              allow_private_urls=server.get("allowPrivateMediaUrls", False)),
             ignored=tuple(ignored),
             infer_mode=infer_mode,
             inter_comm_port=inter_comm_port,

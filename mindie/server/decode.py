@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mindie.engine.commands import DropReserved
-from mindie.engine.request import Continuation, FinishReason
+from mindie.engine.request import Continuation, FinishReason, MediaInputs
 from mindie.pd.http import PeerError, post_json
 from mindie.pd.params import DecodeParams
 from mindie.pd.recompute import RecomputeError, retry_body
@@ -37,6 +37,7 @@ from mindie.server.errors import APIError
 from mindie.server.fields import describe
 from mindie.server.http import json_response
 from mindie.server.protocols.base import Call, Renderer, dumps
+from mindie.server.protocols.media import HANDED_OVER
 from mindie.server.results import Result, StreamItem
 from mindie.server.streams import GenerationTimeout, OutputStream
 
@@ -116,7 +117,15 @@ async def _rebuild(ctx: Serving, node: PDNode, params: DecodeParams
     if found is None:
         raise APIError(400, f"no generation route matches {params.path}")
     route, path_params = found
-    call, renderer = await route.parse(ctx, params.body.encode(), path_params)
+    try:
+        media = MediaInputs.from_handover_json(params.media) if params.media is not None else None
+    except ValueError as exc:
+        raise APIError(400, str(exc), "media") from None
+    handed_over = HANDED_OVER.set(media)
+    try:  # the body's images stand as P's media: nothing is fetched here
+        call, renderer = await route.parse(ctx, params.body.encode(), path_params)
+    finally:
+        HANDED_OVER.reset(handed_over)
     if len(call.requests) != 1 or call.requests[0].params.num_samples != 1:
         raise APIError(400, "only a single-sample request can be decoded from a prefill node")
     request = dataclasses.replace(

@@ -115,7 +115,8 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
         seed=item.output.seed, cumulative_logprob=item.output.cumulative_logprob,
         renderer_state=renderer.carried(), kv=handle, layout=node.layout,
         p_node_addr=f"{ctx.settings.host}:{ctx.settings.inter_comm_port}",
-        metrics={"firstTokenCost": items[0][1].prefill_ms, "e2eStartTime": started})
+        metrics={"firstTokenCost": items[0][1].prefill_ms, "e2eStartTime": started},
+        media=call.requests[0].media.handover_json() if call.requests[0].media is not None else None)
     try:
         status, reply = await post_json(headers.d_host, headers.d_port, "/pd/v1/decode", params.to_json(),
                                         node.token, ctx.settings.kv_trans_timeout_s, ctx.settings.host)

@@ -3,6 +3,7 @@ PD headers, P's envelope, and a reader of D's /dresult records."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -113,3 +114,39 @@ def blocks_back(*servers: RunningServer, timeout: float = 5) -> None:
             return
         time.sleep(0.02)
     raise AssertionError([s.ctx.engine.stats for s in servers])
+
+
+_ids = itertools.count(1000)
+
+
+def next_req_id() -> str:
+    """A request id no other test request of this process has."""
+    return str(next(_ids))
+
+
+def through_pd(p, d, reader, path: str, body: dict, stream: bool) -> tuple[bytes, bool]:
+    """P's output and D's record bodies joined, a D's retry: sent back to P with is-recompute as
+    the coordinator does; and whether the request went to D at all."""
+    req_id = next_req_id()
+    headers = {**pd_headers(req_id, d), "content-type": "application/json"}
+    payload, output, went_to_d, seen = json.dumps(body).encode(), b"", False, 0
+    while True:
+        env = envelope(httpx.post(p.url + path, content=payload, headers=headers, timeout=60))
+        assert env["reqId"] == req_id and env["isStream"] is stream
+        if env.get("isLastResp"):
+            return output + env["output"].encode(), went_to_d
+        assert env == ({"reqId": req_id, "isStream": True, "isLastResp": False, "output": env["output"]} if stream
+                       else {"reqId": req_id, "isStream": False})
+        output += env.get("output", "").encode()
+        records = reader.until(req_id, skip=seen)
+        seen += len(records)
+        went_to_d = True
+        kinds = [r.kind for r in records]
+        assert set(kinds[:-1]) <= {RecordKind.DATA} and kinds[-1] is not RecordKind.ERROR, records
+        if not stream:
+            assert len(records) == 1
+        output += b"".join(r.body for r in records[:-1] if stream)
+        if kinds[-1] is RecordKind.RETRY:
+            payload, headers = records[-1].body, {**headers, "is-recompute": "true"}
+            continue
+        return output + records[-1].body, True

@@ -5,13 +5,13 @@ timestamps, timings, the seed an unseeded request drew). Blocks come back on bot
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 
 import httpx
 import pytest
-from helpers.pd import DResultReader, blocks_back, close, dmi_settings, envelope, pd_headers, pd_pair_of, set_role
+from helpers.pd import (DResultReader, blocks_back, close, dmi_settings, envelope, next_req_id, pd_headers,
+                        pd_pair_of, set_role, through_pd)
 from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind
@@ -24,7 +24,6 @@ GREEDY_MINDIE = {"do_sample": False, "max_new_tokens": 7}
 SEEDED_MINDIE = {"do_sample": True, "temperature": 0.8, "top_k": 30, "seed": 77, "max_new_tokens": 7,
                  "repetition_penalty": 1.2}
 CHAT = [{"role": "user", "content": "tell me"}]
-_ids = itertools.count(1000)
 
 
 def cases(mindie_params: dict, openai_params: dict) -> list[tuple[str, dict, bool]]:
@@ -82,34 +81,6 @@ def events(raw: bytes, path: str, stream: bool) -> list:
     return out
 
 
-def through_pd(p, d, reader, path: str, body: dict, stream: bool) -> tuple[bytes, bool]:
-    """P's output and D's record bodies joined, a D's retry: sent back to P with is-recompute as
-    the coordinator does; and whether the request went to D at all."""
-    req_id = str(next(_ids))
-    headers = {**pd_headers(req_id, d), "content-type": "application/json"}
-    payload, output, went_to_d, seen = json.dumps(body).encode(), b"", False, 0
-    while True:
-        env = envelope(httpx.post(p.url + path, content=payload, headers=headers, timeout=60))
-        assert env["reqId"] == req_id and env["isStream"] is stream
-        if env.get("isLastResp"):
-            return output + env["output"].encode(), went_to_d
-        assert env == ({"reqId": req_id, "isStream": True, "isLastResp": False, "output": env["output"]} if stream
-                       else {"reqId": req_id, "isStream": False})
-        output += env.get("output", "").encode()
-        records = reader.until(req_id, skip=seen)
-        seen += len(records)
-        went_to_d = True
-        kinds = [r.kind for r in records]
-        assert set(kinds[:-1]) <= {RecordKind.DATA} and kinds[-1] is not RecordKind.ERROR, records
-        if not stream:
-            assert len(records) == 1
-        output += b"".join(r.body for r in records[:-1] if stream)
-        if kinds[-1] is RecordKind.RETRY:
-            payload, headers = records[-1].body, {**headers, "is-recompute": "true"}
-            continue
-        return output + records[-1].body, True
-
-
 PREEMPT_AT = 3
 
 
@@ -165,7 +136,7 @@ def test_request_that_ends_on_p_goes_nowhere_else(pd_pair, single):
     p, d, reader = pd_pair
     for stream in (False, True):
         body = {"model": "tiny", "prompt": "x y", "max_tokens": 1, "temperature": 0, "stream": stream}
-        req_id = str(next(_ids))
+        req_id = next_req_id()
         env = envelope(httpx.post(p.url + "/v1/completions", json=body, headers=pd_headers(req_id, d), timeout=60))
         assert env["isLastResp"] is True and env["isStream"] is stream
         expected = httpx.post(single.url + "/v1/completions", json=body, timeout=60).content

@@ -36,7 +36,7 @@ def test_native_ranges(tiny_server, params, field, rng):
     ({"inputs": "x", "parameters": {"top_k": 2.5}}, "parameters.top_k"),
     ({"inputs": "x", "parameters": {"details": 1}}, "parameters.details"),
     ({"inputs": "x", "stream": "true"}, "stream"),
-    ({"inputs": [{"type": "image_url", "image_url": "http://example.com/a.png"}]}, "inputs[0]"),
+    # an image part on this text-only model: a 400 naming the model (tests/server/test_vision_routes.py)
     ({"inputs": ""}, "inputs"),
     ({"input_id": [10**9]}, "input_id"),
 ])
@@ -97,7 +97,7 @@ def test_malformed_bodies(tiny_server, content):
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "system"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "tool_call_id", "required"),
     ({"messages": [{"role": "user"}]}, "messages[0].content", "non-empty"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]", "required"),
 ])
 def test_openai_chat_errors(tiny_server, body, param, words):
     full = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 from jinja2 import TemplateError
 from pydantic import Field, ValidationError
@@ -13,9 +13,11 @@ from pydantic import Field, ValidationError
 from mindie.server.errors import APIError
 from mindie.server.fields import Body, describe
 from mindie.server.protocols import tools as tools_support
+from mindie.server.protocols.media import MAX_MEDIA_ITEMS, attach_images, check_images, image_refs, reads_images
 from mindie.server.protocols.params import ContentPart, join_parts
 
 if TYPE_CHECKING:
+    from mindie.engine.request import MediaInputs
     from mindie.server.serving import Serving
 
 
@@ -69,8 +71,7 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
             raise APIError(422, f"messages[{i}].content must be a non-empty string or list of parts (it may be "
                                 "absent or empty only for an assistant message with tool_calls)",
                            f"messages[{i}].content")
-        d: dict[str, Any] = {"role": m.role, "content": join_parts(m.content, f"messages[{i}].content")
-                             if m.content is not None else None}
+        d: dict[str, Any] = {"role": m.role, "content": _template_content(ctx, m.content, f"messages[{i}].content")}
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:
@@ -90,6 +91,11 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         if isinstance(m.get("content"), str):
             contents.append(m["content"])
             m["content"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
+        elif isinstance(m.get("content"), list):  # a vision model's parts: the text parts are marked
+            for part in m["content"]:
+                if part["type"] == "text":
+                    contents.append(part["text"])
+                    part["text"] = f"\ue000{nonce}{len(contents) - 1}\ue001"
     ctx.check_chars(sum(map(len, contents)), "messages")  # before the template renders them
     try:
         rendered = ctx.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
@@ -111,6 +117,50 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
         elif piece:
             ids += ctx.tokenizer.encode(piece, add_special_tokens=False)
     return text, ids
+
+
+class PartsPrompt(NamedTuple):
+    text: str  # the text parts, joined (what routes that echo the prompt echo)
+    ids: list[int]  # the prompt, image placeholders expanded
+    media: MediaInputs
+
+
+async def render_parts(ctx: Serving, parts: str | list[ContentPart], field: str, limit: int = MAX_MEDIA_ITEMS
+                       ) -> PartsPrompt | None:
+    """A plain route's multimodal prompt (/infer `inputs`, TGI `inputs`, vLLM `prompt`, Triton
+    `text_input`): the parts as one user turn through the chat template, as MindIE builds such a
+    prompt, each image where its part stands. None when the parts hold no image: the route reads
+    its text as it always has."""
+    images = image_refs(parts, field) if isinstance(parts, list) else []
+    if not images:
+        return None
+    check_images(ctx, images, limit)
+    _, ids = render_chat(ctx, [Message(role="user", content=parts)], None)
+    ids, media = await attach_images(ctx, ids, images, field)
+    assert media is not None  # images were found above
+    text = "".join(p.text or "" for p in parts if isinstance(p, ContentPart) and p.type == "text")
+    return PartsPrompt(text, ctx.fit_prompt(ids, field), media)
+
+
+def _template_content(ctx: Serving, content: str | list[ContentPart] | None, field: str) -> Any:
+    """A message's content as the chat template reads it: text, or for a model that reads images
+    and a message that holds some, the parts in order ({"type": "image"} where an image goes; the
+    template writes its placeholder there)."""
+    if content is None or isinstance(content, str):
+        return content
+    if not (reads_images(ctx) and any(p.type == "image_url" for p in content)):
+        return join_parts(content, field)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(content):
+        if p.type == "image_url":
+            parts.append({"type": "image"})
+        elif p.type == "text":
+            if p.text is None:
+                raise APIError(422, f"{field}[{k}].text is required for a part of type 'text'", f"{field}[{k}].text")
+            parts.append({"type": "text", "text": p.text})
+        else:  # image_refs refused every other media type before rendering
+            raise APIError(422, f"{field}[{k}] is of type {p.type!r}, which this server does not read", field)
+    return parts
 
 
 def _cut_after_final(pieces: list[str], plain: list[dict[str, Any]], final: int) -> list[str]:

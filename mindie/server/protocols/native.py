@@ -14,6 +14,7 @@ from mindie.server.fields import Body, Seed, number, validate
 from mindie.server.http import json_response
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
+from mindie.server.protocols.messages import render_parts
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
     from mindie.server.serving import Serving
+
+
+MAX_INFER_IMAGES = 1  # seed 000: "at most 1 image"
 
 
 class InferParameters(Body):
@@ -63,14 +67,17 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     if (req.inputs is None) == (req.input_id is None):
         raise APIError(422, "exactly one of inputs (text) and input_id (token ids) is required" if req.inputs is None
                        else "Input conflict: inputs and input_id cannot be used together", "inputs")
+    media = None
     if req.input_id is not None:
         ids, text = ctx.check_token_ids(list(req.input_id), "input_id"), None
+    elif (parts := await render_parts(ctx, req.inputs, "inputs", limit=MAX_INFER_IMAGES)) is not None:
+        text, ids, media = parts
     else:
         text = join_parts(req.inputs, "inputs")  # type: ignore[arg-type]
         ids = ctx.encode(text, "inputs")
     p = req.parameters
     request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
-                            prompt_text=text)
+                            prompt_text=text, media=media)
     return Call([request], stream=req.stream, timeout_s=p.timeout), NativeRenderer(p.details, ctx.settings.full_text)
 
 

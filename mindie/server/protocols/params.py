@@ -26,14 +26,21 @@ MAX_MEDIA_ITEMS = 20
 TokenId = number(0, INT32_MAX, integer=True)
 
 
+class ImageURL(Body):
+    url: str
+    detail: str | None = None  # OpenAI's; the model's own preprocessing decides the resolution
+
+
 class ContentPart(Body):
     type: Literal["text", "image_url", "video_url", "audio_url", "input_audio", "image"]
     text: str | None = None
+    image_url: str | ImageURL | None = None  # a bare string (MindIE's docs) or OpenAI's {"url": ...}
 
 
 def join_parts(value: str | list[ContentPart], field: str) -> str:
-    """Text of a string or a list of content parts. This model reads text only: any image, video
-    or audio part is refused (and never fetched)."""
+    """Text of a string or a list of content parts, for routes that read text only: any image,
+    video or audio part is refused (and never fetched). The routes that take images (chat, /infer)
+    read them through mindie.server.protocols.media first."""
     if isinstance(value, str):
         return value
     if len(value) > 64 * MAX_MEDIA_ITEMS:
@@ -41,8 +48,9 @@ def join_parts(value: str | list[ContentPart], field: str) -> str:
     texts = []
     for i, part in enumerate(value):
         if part.type != "text":
-            raise APIError(422, f"{field}[{i}] is of type {part.type!r}, but the served model reads text only; "
-                                "send parts of type 'text'", f"{field}[{i}].type")
+            raise APIError(422, f"{field}[{i}] is of type {part.type!r}, but this route reads text only (images go "
+                                "to /v1/chat/completions and /infer, for a model that reads them); send parts of "
+                                "type 'text'", f"{field}[{i}].type")
         if part.text is None:
             raise APIError(422, f"{field}[{i}].text is required for a part of type 'text'", f"{field}[{i}].text")
         texts.append(part.text)

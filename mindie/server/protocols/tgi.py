@@ -26,6 +26,7 @@ from mindie.server.protocols.params import (
     join_parts,
     sampling_params,
 )
+from mindie.server.protocols.messages import render_parts
 from mindie.server.results import Result, SampleResult, StreamItem
 
 if TYPE_CHECKING:
@@ -115,15 +116,23 @@ async def _parse(ctx: Serving, req: TGIRequest, stream: bool, wrap_in_list: bool
     if p.adapter_id not in (None, "None"):
         raise APIError(422, f"parameters.adapter_id {p.adapter_id!r} is not a loaded LoRA adapter (none are loaded)",
                        "parameters.adapter_id")
-    text = join_parts(req.inputs, "inputs")
-    ctx.check_text(text, "inputs")
-    ids = ctx.tokenizer.encode(text)
-    if p.truncate is not None and len(ids) > p.truncate:
-        ids = ids[-p.truncate:]
-    ids = ctx.fit_prompt(ids, "inputs")
+    media = None
+    if (parts := await render_parts(ctx, req.inputs, "inputs")) is not None:
+        text, ids, media = parts
+        if p.truncate is not None and len(ids) > p.truncate:
+            raise APIError(400, f"parameters.truncate={p.truncate} would cut a prompt with images ({len(ids)} tokens); "
+                                "images are never truncated", "parameters.truncate")
+    else:
+        text = join_parts(req.inputs, "inputs")
+        ctx.check_text(text, "inputs")
+        ids = ctx.tokenizer.encode(text)
+        if p.truncate is not None and len(ids) > p.truncate:
+            ids = ids[-p.truncate:]
+        ids = ctx.fit_prompt(ids, "inputs")
     params = _tgi_sampling(p, stream)
     grammar = await compile_guided(ctx, p.grammar.constraint() if p.grammar else None, params.max_tokens)
-    request = EngineRequest(UNNAMED, ids, params, priority=p.priority, prompt_text=text, grammar=grammar)
+    request = EngineRequest(UNNAMED, ids, params, priority=p.priority, prompt_text=text, grammar=grammar,
+                            media=media)
     renderer = TGIRenderer(ctx.tokenizer, p, ids, text if p.return_full_text else "", ctx.settings.full_text,
                            wrap_in_list)
     return Call([request], stream=stream, timeout_s=p.timeout), renderer

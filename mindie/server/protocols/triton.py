@@ -30,6 +30,7 @@ from mindie.server.protocols.params import (
     join_parts,
     sampling_params,
 )
+from mindie.server.protocols.messages import render_parts
 from mindie.server.results import Result, StreamItem
 
 if TYPE_CHECKING:
@@ -89,21 +90,25 @@ def check_model(ctx: Serving, model: str) -> None:
 
 
 async def parse_generate(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
-    return _parse_text(ctx, body, path["model"], stream=False)
+    return await _parse_text(ctx, body, path["model"], stream=False)
 
 
 async def parse_generate_stream(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Call, Renderer]:
-    return _parse_text(ctx, body, path["model"], stream=True)
+    return await _parse_text(ctx, body, path["model"], stream=True)
 
 
-def _parse_text(ctx: Serving, body: bytes, model: str, stream: bool) -> tuple[Call, Renderer]:
+async def _parse_text(ctx: Serving, body: bytes, model: str, stream: bool) -> tuple[Call, Renderer]:
     check_model(ctx, model)
     req = validate(TritonTextRequest, body)
     p = req.parameters
-    text = join_parts(req.text_input, "text_input")
-    ids = ctx.encode(text, "text_input")
+    media = None
+    if (parts := await render_parts(ctx, req.text_input, "text_input")) is not None:
+        text, ids, media = parts
+    else:
+        text = join_parts(req.text_input, "text_input")
+        ids = ctx.encode(text, "text_input")
     request = EngineRequest(UNNAMED, ids, sampling_params(p, p.max_new_tokens), priority=p.priority,
-                            prompt_text=text)
+                            prompt_text=text, media=media)
     renderer = TritonTextRenderer(req.id, model, p.details, ctx.settings.full_text)
     return Call([request], stream=stream, timeout_s=p.timeout, user_id=req.id), renderer
 

@@ -17,7 +17,8 @@ from mindie.server.http import json_response
 from mindie.server.protocols.base import UNNAMED, Call, Renderer, dumps
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import GuidedFields, compile_guided, one_of
-from mindie.server.protocols.messages import render_chat
+from mindie.server.protocols.media import attach_images, chat_image_refs, check_images
+from mindie.server.protocols.messages import parse_message, render_chat, render_parts
 from mindie.server.protocols.params import ContentPart, SamplingFields, TokenId, join_parts
 from mindie.server.results import Result, StreamItem
 
@@ -35,11 +36,15 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     req = validate(VLLMRequest, body)
     if req.model not in (None, "None", ctx.settings.model_name):
         raise APIError(422, f"model {req.model!r} is not served (LoRA adapters are not supported)", "model")
-    text = join_parts(req.prompt, "prompt")
-    ids = ctx.encode(text, "prompt")
+    media = None
+    if (parts := await render_parts(ctx, req.prompt, "prompt")) is not None:
+        text, ids, media = parts  # the reply echoes the text parts only (the spec's "text part")
+    else:
+        text = join_parts(req.prompt, "prompt")
+        ids = ctx.encode(text, "prompt")
     params = req.sampling_params(ctx, stream=req.stream)
     grammar = await compile_guided(ctx, one_of(req.guided()), params.max_tokens)
-    request = EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar)
+    request = EngineRequest(UNNAMED, ids, params, prompt_text=text, grammar=grammar, media=media)
     return Call([request], stream=req.stream), VLLMRenderer(text, params.n, ctx.settings.full_text)
 
 
@@ -104,8 +109,12 @@ async def tokenize(ctx: Serving, request: Request, body: bytes) -> Response:
         if req.continue_final_message and req.add_generation_prompt:
             raise APIError(422, "continue_final_message and add_generation_prompt cannot both be true",
                            "continue_final_message")
-        _, ids = render_chat(ctx, req.messages, None, req.add_generation_prompt,
+        messages = [parse_message(m, i) if isinstance(m, dict) else m for i, m in enumerate(req.messages)]
+        images = chat_image_refs(messages)
+        check_images(ctx, images)
+        _, ids = render_chat(ctx, messages, None, req.add_generation_prompt,
                              continue_final=req.continue_final_message)
+        ids, _media = await attach_images(ctx, ids, images, "messages")  # the count includes image tokens
     tokens: list[Any] = ids
     if req.with_pieces:
         tokens = [{"id": t, "piece": ctx.tokenizer.decode([t], skip_special_tokens=False)} for t in ids]
