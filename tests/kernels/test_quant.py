@@ -177,6 +177,19 @@ def test_round_to_bf16_matches_torch(isa):
     assert torch.equal(ops.round_to_bf16(x), x.bfloat16())
 
 
+def bf16_product(x: torch.Tensor, data: torch.Tensor, qtype: int, isa: str, tiles: bool) -> tuple[torch.Tensor, bool]:
+    """qmatmul_bf16 on kernel variant `isa`, with or without AMX tiles, and whether that variant ran native
+    bf16 products; the settings are restored after."""
+    previous = _C.get_isa()
+    try:
+        _C.set_isa(isa)
+        _C.set_amx_bf16(tiles)
+        return ops.qmatmul_bf16(x, data, qtype), _C.qmatmul_bf16_native()
+    finally:
+        _C.set_isa(previous)
+        _C.set_amx_bf16(True)
+
+
 @pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["avx512_bf16"],
                     reason="needs a CPU with AVX512-BF16 to compare vdpbf16ps with the emulation")
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
@@ -186,18 +199,9 @@ def test_qmatmul_bf16_native_agrees_with_the_emulation(fmt):
     k = cols_for(fmt)[-1]
     data, qtype = random_blocks(fmt, 70, k, 5)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(6)).bfloat16()
-    previous = _C.get_isa()
-    try:
-        _C.set_isa("avx512")
-        _C.set_amx_bf16(False)
-        assert _C.qmatmul_bf16_native()
-        native = ops.qmatmul_bf16(x, data, qtype)
-        _C.set_isa("scalar")
-        assert not _C.qmatmul_bf16_native()
-        emulated = ops.qmatmul_bf16(x, data, qtype)
-    finally:
-        _C.set_isa(previous)
-        _C.set_amx_bf16(True)
+    native, was_native = bf16_product(x, data, qtype, "avx512", tiles=False)
+    emulated, was_emulated = bf16_product(x, data, qtype, "scalar", tiles=False)
+    assert was_native and not was_emulated
     torch.testing.assert_close(native, emulated, atol=1e-6 * emulated.abs().max().item(), rtol=0)
 
 
@@ -206,22 +210,16 @@ def test_qmatmul_bf16_native_agrees_with_the_emulation(fmt):
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
 def test_qmatmul_bf16_on_amx_tiles_agrees_with_vdpbf16ps(fmt):
     """The tiles add the same exact bf16 products as vdpbf16ps, 32 at a time in their own rounding:
-    the sums agree to float32 rounding, at every row count (whole and partial blocks of 16 rows)."""
+    the sums agree to float32 rounding, for whole and partial blocks of 16 rows."""
     k = cols_for(fmt)[-1]
     data, qtype = random_blocks(fmt, 70, k, 5)
-    x = torch.randn(37, k, generator=torch.Generator().manual_seed(6)).bfloat16()
-    previous = _C.get_isa()
-    try:
-        _C.set_isa("avx512")
-        tiles = ops.qmatmul_bf16(x, data, qtype)
-        _C.set_amx_bf16(False)
-        vdpbf16ps = ops.qmatmul_bf16(x, data, qtype)
-    finally:
-        _C.set_isa(previous)
-        _C.set_amx_bf16(True)
-    assert not torch.equal(tiles, torch.zeros_like(tiles))
-    bound = (x.float().abs() @ ref.dequantize(data, qtype, k).abs().T) * 2**-20
-    assert ((tiles - vdpbf16ps).abs() <= bound).all()
+    for rows in (1, 16, 37):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6)).bfloat16()
+        tiles, _ = bf16_product(x, data, qtype, "avx512", tiles=True)
+        vdpbf16ps, _ = bf16_product(x, data, qtype, "avx512", tiles=False)
+        assert not torch.equal(tiles, torch.zeros_like(tiles))
+        bound = (x.float().abs() @ ref.dequantize(data, qtype, k).abs().T) * 2**-20
+        assert ((tiles - vdpbf16ps).abs() <= bound).all(), rows
 
 
 def test_bad_arguments_raise():
