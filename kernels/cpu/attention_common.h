@@ -129,7 +129,7 @@ void merge_splits(const AttentionView<Q, KV>& view, const Merge& mg, int head, c
 // attention_prefill_amx.cpp).
 template <typename Q, typename KV>
 void prefill_tile(const AttentionView<Q, KV>& view, const WorkItem& w);
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
 bool prefill_on_amx(int head_dim);
 template <typename Q>
 void prefill_tile_amx(const AttentionView<Q, bf16_t>& view, const WorkItem& w);

@@ -183,7 +183,7 @@ class Prefill : AttentionView<Q, KV> {
 
 template <typename Q, typename KV>
 void prefill_tile(const AttentionView<Q, KV>& view, const WorkItem& w) {
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
   if constexpr (std::is_same_v<KV, bf16_t>)
     if (prefill_on_amx(view.head_dim())) return prefill_tile_amx<Q>(view, w);
 #endif

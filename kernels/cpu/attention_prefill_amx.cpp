@@ -17,7 +17,7 @@
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
 namespace {
 
 constexpr int kKeyStep = 128;            // key positions per softmax update

@@ -60,7 +60,7 @@ int64_t run_chains(int64_t iterations, VecI u, VecI s, Step&& step) {
 }
 #endif
 
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
 // Four accumulator tiles against two A and two B tiles of 1.0 (0x3F80), as AmxBf16Panel::tile runs
 // them: each tdpbf16ps is 16 x 16 x 32 products.
 int64_t amx_bf16(int64_t iterations) {
@@ -91,7 +91,7 @@ int64_t amx_bf16(int64_t iterations) {
 #endif
 
 int64_t one_thread(DotInstr instr, int64_t iterations) {
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
   if (instr == DotInstr::kTdpbf16ps && use_amx_bf16()) return amx_bf16(iterations);
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)

@@ -90,7 +90,7 @@ class Attention : AttentionView<Q, KV> {
   }
 
   int query_tile() const {
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
     if constexpr (std::is_same_v<KV, bf16_t>)
       if (prefill_on_amx(D_)) return kAmxQueryTile;
 #endif

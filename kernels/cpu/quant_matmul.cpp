@@ -306,7 +306,6 @@ void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, co
 
 constexpr int64_t kBf16GroupBytes = 768 << 10;
 
-
 // AMX tiles (B::kRowBlock > 1): panels w[0..n) against every activation row, B::kTileCols at a
 // time, both counts at run time.
 template <class B>
@@ -381,7 +380,7 @@ void round_to_bf16(const RoundToBf16Args& a) {
 
 void qmatmul(const QMatmulArgs& a) {
   if (a.xb != nullptr) {
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
     if (use_amx_bf16()) return run_bf16<AmxBf16Panel>(a);
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)

@@ -19,7 +19,7 @@
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
-#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT) && defined(MINDIE_AMX)
+#if defined(MINDIE_AMX)
 struct AmxBf16Panel {
   // Two panels x two blocks of 16 activation rows at a time: four accumulator tiles (0-3), two A
   // tiles (4, 5) and two B tiles (6, 7), AMX's eight. Up to kTilePanels staged together (run_bf16).
