@@ -8,7 +8,9 @@
 // (Int8Panel::stream), to the same sums in the same order.
 #include <algorithm>
 #include <atomic>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu/dispatch.h"
@@ -163,24 +165,18 @@ struct PanelSplit {
       for (int64_t th = tb; th < te; ++th) f(th * per, std::min(panels, (th + 1) * per));
     });
   }
-  // f(begin, end) over ranges of panels that the threads claim as they go, each a share of what is
+  // The next range of panels for a thread to compute, claimed from `next`, each a share of what is
   // left (guided scheduling): a thread that the OS descheduled, or that shares its core with another
   // process, holds up the call by one small range at the end instead of half the matrix. A panel is
-  // computed whole by whichever thread claims it, so the results do not depend on who does.
-  template <class F>
-  void run_claimed(F&& f) const {
-    constexpr int64_t kMinRange = 4;
-    std::atomic<int64_t> next{0};
-    parallel_for(threads, 1, [&](int64_t, int64_t) {
-      for (int64_t begin = next.load(std::memory_order_relaxed);; begin = next.load(std::memory_order_relaxed)) {
-        int64_t take;
-        do {
-          if (begin >= panels) return;
-          take = std::max(kMinRange, (panels - begin) / (2 * threads));
-        } while (!next.compare_exchange_weak(begin, begin + take, std::memory_order_relaxed));
-        f(begin, std::min(panels, begin + take));
-      }
-    });
+  // computed whole by whichever thread claims it, so the results do not depend on who does. Ranges
+  // shrink to one panel at the end, so that the threads finish within about a panel of each other.
+  std::pair<int64_t, int64_t> claim(std::atomic<int64_t>& next) const {
+    int64_t begin = next.load(std::memory_order_relaxed), take;
+    do {
+      if (begin >= panels) return {panels, panels};
+      take = std::max<int64_t>(1, (panels - begin) / (2 * threads));
+    } while (!next.compare_exchange_weak(begin, begin + take, std::memory_order_relaxed));
+    return {begin, std::min(panels, begin + take)};
   }
 };
 
@@ -211,7 +207,44 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group, int group =
 }
 
 // How many panels ahead of the one it computes a streaming thread prefetches.
-constexpr int64_t kStreamAhead = 2;
+constexpr int kStreamAhead = 2;
+
+// A streaming thread's panels in the order it computes them, and the one kStreamAhead on, whose
+// bytes it prefetches meanwhile (-1 past its last). Its ranges come from next_range() (an empty one
+// ends them); the lookahead takes the next range as it leaves the current one, so that the prefetches
+// run on across ranges instead of starting cold at each.
+template <class NextRange>
+class PanelWalk {
+ public:
+  explicit PanelWalk(NextRange next_range) : next_range_(next_range) {
+    for (int64_t& pn : ring_) pn = pull();
+  }
+  int64_t current() const { return ring_[head_]; }
+  int64_t ahead(int n = kStreamAhead) const { return ring_[(head_ + n) % kRing]; }
+  void advance() {
+    ring_[head_] = pull();
+    head_ = (head_ + 1) % kRing;
+  }
+
+ private:
+  static constexpr int kRing = kStreamAhead + 1;
+  int64_t pull() {
+    if (at_ == end_) {
+      if (done_) return -1;
+      std::tie(at_, end_) = next_range_();
+      if (at_ >= end_) {
+        done_ = true;
+        return -1;
+      }
+    }
+    return at_++;
+  }
+  NextRange next_range_;
+  int64_t ring_[kRing];
+  int head_ = 0;
+  int64_t at_ = 0, end_ = 0;
+  bool done_ = false;
+};
 
 // C activation rows against every packed panel as it lies (D::stream), with no staging: the
 // decode path.
@@ -225,15 +258,16 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   const int64_t blocks = a.k / 32;
   int64_t bytes = 0;
   for (int j = 0; j < a.num_targets; ++j) bytes += packed_rows(a.targets[j].w.rows) * a.targets[j].w.row_bytes;
-  const auto body = [&](int64_t begin, int64_t end) {
-    split.prefetch(begin, std::min(end, begin + kStreamAhead));
-    for (int64_t pi = begin; pi < end; ++pi) {
-      const Panel p = split.locate(pi);
+  const auto walk_panels = [&](auto next_range) {
+    PanelWalk walk(next_range);
+    for (int n = 0; n < kStreamAhead && walk.ahead(n) >= 0; ++n) split.prefetch(walk.ahead(n), walk.ahead(n) + 1);
+    for (; walk.current() >= 0; walk.advance()) {
+      const Panel p = split.locate(walk.current());
       const QMatrix& w = p.target->w;
       const uint8_t* pf = nullptr;
       int64_t pf_bytes = 0;
-      if (pi + kStreamAhead < end) {
-        const Panel n = split.locate(pi + kStreamAhead);
+      if (walk.ahead() >= 0) {
+        const Panel n = split.locate(walk.ahead());
         pf = n.target->w.data + n.row0 * n.target->w.row_bytes;
         pf_bytes = panel_bytes(n.target->w, n.row0);
       }
@@ -246,8 +280,14 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       store_tile(&p, 1, out, a, 0, C);
     }
   };
-  if (bytes >= kClaimedBytes) return split.run_claimed(body);
-  split.run(body);
+  if (bytes >= kClaimedBytes) {
+    std::atomic<int64_t> next{0};
+    return split.run([&](int64_t, int64_t) { walk_panels([&] { return split.claim(next); }); });
+  }
+  split.run([&](int64_t begin, int64_t end) {
+    bool given = false;
+    walk_panels([&] { return std::exchange(given, true) ? std::pair<int64_t, int64_t>{end, end} : std::pair{begin, end}; });
+  });
 }
 
 // Each activation row's planes, scales and sums per 16 and per 32 values, shared by every panel
