@@ -59,8 +59,7 @@ def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>")
 
 
 def make_tiny(path: Path, arch: str, seed: int) -> Path:
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     if arch == "llama":
