@@ -52,6 +52,9 @@ class LlamaForwardHandle {
         l.k_bias = vector(d["k_bias"], l.k.rows, "k_bias");
         l.v_bias = vector(d["v_bias"], l.v.rows, "v_bias");
       }
+      // optional keys: a layer spec without them (or with None) has no q/k head norm
+      if (!d.attr("get")("q_norm").is_none()) l.q_norm = vector(d["q_norm"], s.head_dim, "q_norm");
+      if (!d.attr("get")("k_norm").is_none()) l.k_norm = vector(d["k_norm"], s.head_dim, "k_norm");
       ls.push_back(l);
     }
     const float* norm = vector(final_norm, s.hidden, "final_norm");

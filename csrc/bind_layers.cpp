@@ -38,6 +38,19 @@ void rms_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, doubl
   kc::rms_norm(args);
 }
 
+void head_rms_norm(py::handle x_obj, py::handle weight_obj, double eps) {
+  Tensor x(x_obj, "x"), weight(weight_obj, "weight");
+  x.expect_ndim(3).expect_inner_contiguous(2);
+  const int64_t head_dim = x.size(2);
+  weight.expect_ndim(1).expect_contiguous().expect_size(0, head_dim, "head_dim of x");
+  if (!(eps > 0) || !std::isfinite(eps)) fail("eps must be a finite positive number");
+  kc::HeadRmsNormArgs args{x.data(), weight.data(), x.size(0), static_cast<int>(x.size(1)),
+                           static_cast<int>(head_dim), x.stride(0), static_cast<float>(eps), x.float_dtype(),
+                           weight.float_dtype()};
+  py::gil_scoped_release nogil;
+  kc::head_rms_norm(args);
+}
+
 void rotary_embedding(py::handle positions_obj, py::handle query_obj, py::handle key_obj,
                       py::handle cos_sin_obj, bool neox) {
   Tensor positions(positions_obj, "positions"), query(query_obj, "query"), key(key_obj, "key");
@@ -87,6 +100,9 @@ void bind_layers(py::module_& m) {
         py::arg("residual") = py::none(),
         "out = weight * rmsnorm(x) over rows [rows, hidden]; with residual: residual += x first "
         "(stored in place) and the sum is normalised.");
+  m.def("head_rms_norm", &head_rms_norm, py::arg("x"), py::arg("weight"), py::arg("eps"),
+        "Normalises each head of x [tokens, heads, head_dim] in place: weight [head_dim] * rmsnorm(head) "
+        "(Qwen3's q_norm / k_norm).");
   m.def("rotary_embedding", &rotary_embedding, py::arg("positions"), py::arg("query"), py::arg("key"),
         py::arg("cos_sin_cache"), py::arg("neox") = true,
         "Rotates query [tokens, q_heads, head_dim] and key [tokens, k_heads, head_dim] in place; "

@@ -11,6 +11,7 @@ import sys
 
 from mindie.config_keys import ConfigError
 from mindie.server.config import ServerSettings
+from mindie.structured.reasoning_parser import REASONING_PARSERS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--quantization", choices=["auto", "none", "q8_0", "q4_0"],
                        help="auto (default): a GGUF keeps its formats, a Hugging Face model stays dense; none: "
                        "everything dense (exact); q8_0 / q4_0: quantize a Hugging Face model at load")
+    serve.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS),
+                       help="split <think>...</think> out of chat replies into reasoning_content: auto (default) "
+                       "for a Qwen3 model whose tokenizer has those tokens, qwen3 for any model that has them, "
+                       "none never")
     serve.add_argument("--allowed-local-media-path", metavar="DIR",
                        help="read images named by a local path only under DIR (default: no local path is read)")
     serve.add_argument("--allow-private-media-urls", action="store_true", default=None,
@@ -60,6 +65,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         model_path=args.model, host=args.host, port=args.port, management_host=args.management_host,
         management_port=args.management_port, metrics_port=args.metrics_port, api_key=args.api_key,
         model_name=args.model_name, dtype=args.dtype, quantization=args.quantization,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

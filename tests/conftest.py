@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_gguf import write_gguf
 from helpers.tiny_models import make_tiny
 from helpers.tiny_vl import make_tiny_vl
 
@@ -41,6 +42,17 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", 2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_gguf(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3 as llama.cpp's converter writes it, matrices in F32 (its exact weights)."""
+    return write_gguf(tiny_qwen3_dir, tmp_path_factory.mktemp("gguf") / "tiny-qwen3.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
 
@@ -64,6 +76,17 @@ def tiny_llama(tiny_llama_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_qwen2(tiny_qwen2_dir: Path) -> LoadedModel:
     return load_model(str(tiny_qwen2_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_qwen3_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_qwen3_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_from_gguf(tiny_qwen3_gguf: Path) -> LoadedModel:
+    """The F32 GGUF on the exact path (quantization none)."""
+    return load_model(str(tiny_qwen3_gguf), dtype=torch.float32, quantization="none")
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,24 @@ float round_to(float v) {
   else return bf16_to_float(float_to_bf16(v));
 }
 
+// Normalises the float row h [n] (x, or x + residual) and writes weight * it to out.
+template <typename T, typename Wt>
+void norm_row(const float* h, int n, float eps, const Wt* w, T* out) {
+  constexpr int W = VecF::W;
+  VecF acc = VecF::zero();
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    VecF v = VecF::load(h + i);
+    acc = VecF::fma(v, v, acc);
+  }
+  if (i < n) {
+    VecF v = VecF::load_partial(h + i, n - i);
+    acc = VecF::fma(v, v, acc);
+  }
+  const float inv = 1.f / std::sqrt(acc.reduce_add() / static_cast<float>(n) + eps);
+  for (int j = 0; j < n; ++j) store1(out + j, round_to<T>(h[j] * inv) * load1(w + j));
+}
+
 template <typename T, typename Wt>
 void rms_norm_rows(const RmsNormArgs& a) {
   const int n = static_cast<int>(a.hidden);
@@ -48,24 +66,22 @@ void rms_norm_rows(const RmsNormArgs& a) {
       } else {
         load_scaled(h, x, 1.f, n);
       }
-      float ss = 0.f;
-      {
-        constexpr int W = VecF::W;
-        VecF acc = VecF::zero();
-        int i = 0;
-        for (; i + W <= n; i += W) {
-          VecF v = VecF::load(h + i);
-          acc = VecF::fma(v, v, acc);
-        }
-        if (i < n) {
-          VecF v = VecF::load_partial(h + i, n - i);
-          acc = VecF::fma(v, v, acc);
-        }
-        ss = acc.reduce_add();
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + a.eps);
-      T* out = static_cast<T*>(a.out) + r * a.out_stride;
-      for (int i = 0; i < n; ++i) store1(out + i, round_to<T>(h[i] * inv) * load1(w + i));
+      norm_row(h, n, a.eps, w, static_cast<T*>(a.out) + r * a.out_stride);
+    }
+  });
+}
+
+template <typename T, typename Wt>
+void head_norm_rows(const HeadRmsNormArgs& a) {
+  const int n = a.head_dim;
+  parallel_for(a.tokens * a.heads, 64, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> buf;
+    buf.resize(n);
+    float* h = buf.data();
+    for (int64_t r = begin; r < end; ++r) {
+      T* x = static_cast<T*>(a.x) + (r / a.heads) * a.token_stride + (r % a.heads) * n;
+      load_scaled(h, x, 1.f, n);
+      norm_row(h, n, a.eps, static_cast<const Wt*>(a.weight), x);
     }
   });
 }
@@ -122,6 +138,12 @@ void rms_norm(const RmsNormArgs& a) {
   const bool w32 = a.weight_dtype == DType::kFloat32;
   if (a.dtype == DType::kFloat32) w32 ? rms_norm_rows<float, float>(a) : rms_norm_rows<float, bf16_t>(a);
   else w32 ? rms_norm_rows<bf16_t, float>(a) : rms_norm_rows<bf16_t, bf16_t>(a);
+}
+
+void head_rms_norm(const HeadRmsNormArgs& a) {
+  const bool w32 = a.weight_dtype == DType::kFloat32;
+  if (a.dtype == DType::kFloat32) w32 ? head_norm_rows<float, float>(a) : head_norm_rows<float, bf16_t>(a);
+  else w32 ? head_norm_rows<bf16_t, float>(a) : head_norm_rows<bf16_t, bf16_t>(a);
 }
 
 void rotary_embedding(const RotaryArgs& a) {

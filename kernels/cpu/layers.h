@@ -24,6 +24,19 @@ struct RmsNormArgs {
   DType weight_dtype;
 };
 
+// Qwen3's q_norm / k_norm: every head of every token normalised in place as rms_norm does a row
+// (no residual), all heads sharing one weight [head_dim].
+struct HeadRmsNormArgs {
+  void* x;              // [tokens, heads, head_dim]: heads contiguous within a token
+  const void* weight;   // [head_dim]
+  int64_t tokens;
+  int heads, head_dim;
+  int64_t token_stride;  // elements between tokens
+  float eps;
+  DType dtype;           // of x
+  DType weight_dtype;
+};
+
 // Rotates query and key rows in place by their token's position. cos_sin_cache is
 // [max_position, rot_dim] float32: cos in the first rot_dim/2 columns, sin in the rest.
 // NeoX layout (Hugging Face rotate_half): pairs (i, i + rot_dim/2). Llama/GPT-J layout
@@ -51,9 +64,12 @@ struct SiluMulArgs {
 };
 
 void rms_norm(const RmsNormArgs& args);
+void head_rms_norm(const HeadRmsNormArgs& args);
 void rotary_embedding(const RotaryArgs& args);
 void silu_and_mul(const SiluMulArgs& args);
 
-#define MINDIE_LAYER_KERNELS(X) X(rms_norm, RmsNormArgs) X(rotary_embedding, RotaryArgs) X(silu_and_mul, SiluMulArgs)
+#define MINDIE_LAYER_KERNELS(X)                                                                       \
+  X(rms_norm, RmsNormArgs) X(head_rms_norm, HeadRmsNormArgs) X(rotary_embedding, RotaryArgs) \
+  X(silu_and_mul, SiluMulArgs)
 
 }  // namespace mindie::kernels::cpu

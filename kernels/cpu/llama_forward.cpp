@@ -169,6 +169,10 @@ void LlamaForward::run(const LlamaBatch& b) {
               DType::kFloat32, DType::kFloat32});
     project(x, T, h, forms, {{&L.q, L.q_bias, qkv, qkv_w}, {&L.k, L.k_bias, qkv + qsz, qkv_w},
                       {&L.v, L.v_bias, qkv + qsz + kvsz, qkv_w}});
+    if (L.q_norm != nullptr)
+      head_rms_norm({qkv, L.q_norm, T, s.heads, s.head_dim, qkv_w, s.eps, DType::kFloat32, DType::kFloat32});
+    if (L.k_norm != nullptr)
+      head_rms_norm({qkv + qsz, L.k_norm, T, s.kv_heads, s.head_dim, qkv_w, s.eps, DType::kFloat32, DType::kFloat32});
     rotary_embedding({rope_positions, qkv, qkv + qsz, rope_table, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
                       qkv_w, qkv_w, true, DType::kFloat32});
     reshape_and_cache({qkv + qsz, qkv + qsz + kvsz, qkv_w, qkv_w, key_caches_[li], value_caches_[li], b.slot_mapping,

@@ -1,13 +1,14 @@
 // One forward step of a Llama-family decoder in C++: embedding, then per layer RMSNorm, q/k/v,
-// rotary, KV-cache write, paged attention, o, residual, gate/up, SiLU, down, and the final norm and
-// lm_head for the rows whose logits are wanted. One call per step, so a small decode batch is not
-// dominated by ~10 us of Python per op. Activations and the residual stream are float32; the
-// projections are the matmul of quant.h (or `linear` for a dense weight). A generated token's row
-// enters it as int8 planes (memory-bound at decode batches, where integer dot products are cheapest
-// and most exact). A prompt token's row, where compute dominates, enters as bfloat16 when
-// bf16_prompts is set and the CPU has native bf16 dot products (qmatmul_bf16_native), else as int8
-// too; the lm_head takes every row as int8. Which form a row takes depends only on that row (its
-// position against its prompt's length), never on the rest of the batch.
+// the per-head q/k RMSNorm where the model has one (Qwen3), rotary, KV-cache write, paged
+// attention, o, residual, gate/up, SiLU, down, and the final norm and lm_head for the rows whose
+// logits are wanted. One call per step, so a small decode batch is not dominated by ~10 us of
+// Python per op. Activations and the residual stream are float32; the projections are the matmul
+// of quant.h (or `linear` for a dense weight). A generated token's row enters it as int8 planes
+// (memory-bound at decode batches, where integer dot products are cheapest and most exact). A
+// prompt token's row, where compute dominates, enters as bfloat16 when bf16_prompts is set and the
+// CPU has native bf16 dot products (qmatmul_bf16_native), else as int8 too; the lm_head takes every
+// row as int8. Which form a row takes depends only on that row (its position against its prompt's
+// length), never on the rest of the batch.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,10 @@ struct LlamaLayerWeights {
   const float* q_bias;  // nullptr when the model has no q/k/v biases
   const float* k_bias;
   const float* v_bias;
+  // Qwen3: RMSNorm weights [head_dim] for every q / k head, applied after the projection and
+  // before rotary; nullptr when the model has none.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
 };
 
 struct LlamaShape {

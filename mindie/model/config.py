@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama | mistral | qwen2
+    architecture: str  # llama | mistral | qwen2 | qwen3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,6 +27,9 @@ class ModelConfig:
     # Qwen2-VL's multimodal rotary: how many of the head_dim / 2 frequencies follow the (t, h, w)
     # position each; () for 1-D rotary
     mrope_section: tuple[int, ...] = ()
+    # Qwen3: an RMSNorm over each q and k head (weights q_norm / k_norm [head_dim]) between the
+    # projection and rotary
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindie.model.config import ModelConfig
+from mindie.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from mindie.model.gguf_header import GGUFHeader, read_header
 from mindie.model.quantized import GGML_F16, GGML_F32, QUANTIZED_FORMATS, QuantizedWeight, from_gguf_tensor
 
@@ -32,6 +32,8 @@ _LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -68,8 +70,8 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
 def _config(path: str, header: GGUFHeader) -> ModelConfig:
     fields = header.fields
     arch = fields.get("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2"):
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (llama, mistral, qwen2)")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported ({', '.join(SUPPORTED_ARCHITECTURES)})")
 
     def meta(key: str, default: Any = None) -> Any:
         return fields.get(f"{arch}.{key}", default)
@@ -96,6 +98,7 @@ def _config(path: str, header: GGUFHeader) -> ModelConfig:
         qkv_bias="blk.0.attn_q.bias" in names,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
+        qk_norm="blk.0.attn_q_norm.weight" in names,
     )
 
 

@@ -11,6 +11,7 @@ import torch
 from mindie.model.config import ModelConfig
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                  "Qwen3ForCausalLM": "qwen3",
                   "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -61,6 +62,7 @@ def read_config(path: str) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
         mrope_section=mrope if any(n in VISION_ARCHITECTURES for n in names) else (),
+        qk_norm=arch == "qwen3",
     )
 
 

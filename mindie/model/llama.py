@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 One forward pass takes a flattened batch: the new tokens of every sequence back to back, with
 their positions, cache slots and block tables (`AttentionMetadata`). Prefill chunks and decode
@@ -43,6 +43,8 @@ class _Layer:
     input_norm: torch.Tensor
     qkv: torch.Tensor  # [q_size + 2 * kv_size, hidden]
     qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [head_dim] (Qwen3); None: no per-head q/k norm
+    k_norm: torch.Tensor | None
     o_proj: torch.Tensor
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
@@ -96,6 +98,8 @@ class LlamaModel:
                     input_norm=take(p + "input_layernorm.weight"),
                     qkv=torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
                     qkv_bias=bias,
+                    q_norm=take(attn + "q_norm.weight") if config.qk_norm else None,
+                    k_norm=take(attn + "k_norm.weight") if config.qk_norm else None,
                     o_proj=take(attn + "o_proj.weight"),
                     post_norm=take(p + "post_attention_layernorm.weight"),
                     gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
@@ -138,6 +142,9 @@ class LlamaModel:
             q = qkv[:, : c.q_size].view(tokens, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size : c.q_size + c.kv_size].view(tokens, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size :].view(tokens, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                ops.head_rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                ops.head_rms_norm(k, layer.k_norm, c.rms_norm_eps)
             ops.rotary_embedding(positions, q, k, cos_sin)
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             ops.paged_attention(

@@ -84,9 +84,12 @@ class QuantizedLlamaModel:
                 layer[key] = w.spec()
             for key in "qkv":
                 layer[f"{key}_bias"] = vector(p + f"self_attn.{key}_proj.bias") if config.qkv_bias else None
+            for key in ("q_norm", "k_norm"):
+                layer[key] = vector(p + f"self_attn.{key}.weight") if config.qk_norm else None
             self._layers.append(layer)
         final_norm = vector("model.norm.weight")
-        norms = [layer[k] for layer in self._layers for k in ("input_norm", "post_norm")]
+        norm_keys = ("input_norm", "post_norm") + (("q_norm", "k_norm") if config.qk_norm else ())
+        norms = [layer[k] for layer in self._layers for k in norm_keys]
         if final_norm is None or any(n is None for n in norms):
             raise KeyError("norm weights missing from the checkpoint")
         self._final_norm = final_norm

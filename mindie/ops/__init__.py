@@ -6,7 +6,7 @@ callers use them through this package, as ``ops.paged_attention``.
 """
 
 from mindie.ops.attention import copy_blocks, paged_attention, reshape_and_cache
-from mindie.ops.layers import linear, rms_norm, rotary_embedding, silu_and_mul
+from mindie.ops.layers import head_rms_norm, linear, rms_norm, rotary_embedding, silu_and_mul
 from mindie.ops.quant import (
     dequantize,
     pack_panels,
@@ -29,6 +29,7 @@ __all__ = [
     "copy_blocks",
     "paged_attention",
     "reshape_and_cache",
+    "head_rms_norm",
     "linear",
     "rms_norm",
     "rotary_embedding",

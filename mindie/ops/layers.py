@@ -23,6 +23,12 @@ def rms_norm(
     return out
 
 
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """``weight * rmsnorm(head)`` in place for every head of ``x`` [tokens, heads, head_dim] (Qwen3's
+    per-head q/k norm); ``x`` may be a strided view of a fused projection's output."""
+    _C.head_rms_norm(x, weight, eps)
+
+
 def rotary_embedding(
     positions: torch.Tensor,
     query: torch.Tensor,

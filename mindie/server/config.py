@@ -186,6 +186,8 @@ class ServerSettings:
     model_path: str | None = None  # None: the embedded default model
     dtype: str = "auto"
     quantization: str = "auto"
+    # --reasoning-parser: auto (Qwen3 models whose tokenizer has <think> / </think>), none, or qwen3
+    reasoning_parser: str = "auto"
     truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
     max_n: int = 128  # maxN: the most samples (n, best_of) or beams a request may ask for
     queue_delay_s: float = 0.005  # maxQueueDelayMicroseconds: an idle engine waits this long for a batch

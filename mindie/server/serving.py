@@ -21,6 +21,7 @@ from mindie.server.protocols.base import Call
 from mindie.server.results import Result
 from mindie.server.streams import OutputStream, merge, until_disconnect
 from mindie.structured.grammar import GrammarCompiler
+from mindie.structured.reasoning_parser import reasoning_tags
 from mindie.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ class Serving:
         self.draining = False
         self.max_n = min(MAX_N, settings.max_n, settings.engine.max_batch_size)
         self.grammars = GrammarCompiler(self.tokenizer)
+        # the think tags chat replies are split on (reasoning_content), None: replies are not split
+        self.reasoning = reasoning_tags(settings.reasoning_parser, self.model_config.architecture, self.tokenizer)
         self.pd: PDNode | None = None  # the prefill/decode role, in inferMode dmi
 
     # --- prompts -------------------------------------------------------------------------------

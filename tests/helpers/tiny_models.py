@@ -23,8 +23,28 @@ TINY = dict(
 )
 
 
-def write_byte_tokenizer(path: Path) -> None:
-    """A byte-level BPE over the 256 byte symbols, no merges, plus two special tokens."""
+LLAMA_TOKENIZER = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+                   "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                                    "{% if add_generation_prompt %}<assistant>{% endif %}"}
+# Qwen3's ChatML turns and its thinking switch: with enable_thinking false the prompt closes an empty
+# think block, so the model answers at once (the shape of Qwen3's own template, shortened).
+QWEN3_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}")
+QWEN3_TOKENIZER = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
+                   "chat_template": QWEN3_TEMPLATE}
+QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN3_EOS = 256 + QWEN3_SPECIALS.index("<|im_end|>")
+# Qwen3's think tags are added tokens but not special ones: decoding keeps them in the text.
+QWEN3_PLAIN = ("<think>", "</think>")
+
+
+def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>"), plain: tuple[str, ...] = (),
+                         config: dict[str, object] = LLAMA_TOKENIZER) -> None:
+    """A byte-level BPE over the 256 byte symbols, no merges, then the special tokens and the added
+    non-special ones (`plain`), with `config` as tokenizer_config.json."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -32,29 +52,34 @@ def write_byte_tokenizer(path: Path) -> None:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
-                    "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
-                                     "{% if add_generation_prompt %}<assistant>{% endif %}"})
-    )
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 def make_tiny(path: Path, arch: str, seed: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
-    else:
+    elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=True))
+    else:  # qwen3: head_dim 32 is not hidden / heads (16), as in the real models (128 against 64 or 80)
+        model = Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
+                                             bos_token_id=None, eos_token_id=QWEN3_EOS))
     # Larger-than-init weights make the logits decisive, so greedy ties are not a coin toss.
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4.0 if p.dim() > 1 else 1.0)
+            if arch == "qwen3" and p.dim() == 1:  # norms away from ones, so that q_norm / k_norm count
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
-    write_byte_tokenizer(path)
+    if arch == "qwen3":
+        write_byte_tokenizer(path, QWEN3_SPECIALS, QWEN3_PLAIN, QWEN3_TOKENIZER)
+    else:
+        write_byte_tokenizer(path)
     return path
 
 

@@ -34,6 +34,27 @@ def test_rms_norm_in_place_on_strided_rows(isa):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,heads,head_dim", [(1, 16, 128), (9, 3, 40), (0, 2, 8), (5, 1, 7)])
+def test_head_rms_norm(isa, dtype, weight_dtype, tokens, heads, head_dim):
+    """Each head of q and of k, strided views of a fused q/k/v output, normalised as a row of its own;
+    the v columns are left alone."""
+    gen = torch.Generator().manual_seed(tokens * heads + head_dim)
+    qkv = (torch.randn(tokens, 3 * heads, head_dim, generator=gen) * 3).to(dtype)
+    q_weight, k_weight = (torch.rand(2, head_dim, generator=gen) + 0.5).to(weight_dtype)
+    q, k, v = qkv[:, :heads], qkv[:, heads : 2 * heads], qkv[:, 2 * heads :]
+    want_q, _ = ref.rms_norm(q, q_weight, 1e-6)
+    want_k, _ = ref.rms_norm(k, k_weight, 1e-6)
+    v_before = v.clone()
+    ops.head_rms_norm(q, q_weight, 1e-6)
+    ops.head_rms_norm(k, k_weight, 1e-6)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(q, want_q.to(dtype), atol=atol, rtol=rtol)
+    torch.testing.assert_close(k, want_k.to(dtype), atol=atol, rtol=rtol)
+    assert torch.equal(v, v_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("head_dim,rot_dim", [(64, 64), (32, 16), (6, 6)])
 def test_rotary_embedding(isa, dtype, neox, head_dim, rot_dim):
@@ -81,3 +102,7 @@ def test_bad_arguments_raise():
         ops.rotary_embedding(torch.tensor([0, 1], dtype=torch.int32), q, k, cache)
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="head_dim"):
+        ops.head_rms_norm(q, torch.ones(7), 1e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        ops.head_rms_norm(q.transpose(1, 2), torch.ones(4), 1e-6)

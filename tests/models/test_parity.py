@@ -23,11 +23,17 @@ def prompts_for(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 13, 30)]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+# (our model's fixture, the Hugging Face directory transformers loads): Qwen3 from its directory and
+# from the GGUF file llama.cpp's converter would write of it.
+MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("tiny_qwen3", "tiny_qwen3_dir"),
+          ("tiny_qwen3_from_gguf", "tiny_qwen3_dir")]
+
+
+@pytest.mark.parametrize("model,hf_dir", MODELS)
 @pytest.mark.parametrize("chunk,block_size", [(None, 4), (3, 4), (None, 16), (7, 1)])
-def test_tiny_models_match_transformers(arch, chunk, block_size, request):
-    path = request.getfixturevalue(f"tiny_{arch}_dir")
-    ours = request.getfixturevalue(f"tiny_{arch}")
+def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, request):
+    path = request.getfixturevalue(hf_dir)
+    ours = request.getfixturevalue(model)
     hf = hf_model_from_dir(path)
     prompts = prompts_for(ours.config.vocab_size)
     got, got_lp = run_greedy(ours.model, prompts, NEW_TOKENS, block_size=block_size, chunk=chunk)
@@ -37,8 +43,9 @@ def test_tiny_models_match_transformers(arch, chunk, block_size, request):
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-def test_batch_of_one_equals_batch_of_many(tiny_llama):
-    ours = tiny_llama
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3"])
+def test_batch_of_one_equals_batch_of_many(model, request):
+    ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)
     together, _ = run_greedy(ours.model, prompts, 16)
     alone = [run_greedy(ours.model, [p], 16)[0][0] for p in prompts]

@@ -26,6 +26,7 @@ from mindie.server.protocols.openai import (
     vllm_prompt_logprobs,
 )
 from mindie.server.results import Result, StreamItem
+from mindie.structured.reasoning_parser import ReasoningSplitter, ThinkTags, split_reasoning
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
 
 if TYPE_CHECKING:
@@ -94,13 +95,14 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar, media=media)
     final = req.messages[-1]
     echoed = final.content if req.echo and final.role == "assistant" and isinstance(final.content, str) else ""
+    thinking = ctx.reasoning is not None and ctx.reasoning.opened_by(prompt)
     return Call([request], stream=req.stream), ChatRenderer(req, params, ctx.tokenizer, ids, echoed,
-                                                            ctx.settings.full_text)
+                                                            ctx.settings.full_text, ctx.reasoning, thinking)
 
 
 class ChatRenderer(OpenAIRenderer):
     def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_ids: list[int],
-                 echoed: str, full_text: bool) -> None:
+                 echoed: str, full_text: bool, reasoning: ThinkTags | None, thinking: bool) -> None:
         super().__init__()
         self.req = req
         self.n = params.n
@@ -115,6 +117,11 @@ class ChatRenderer(OpenAIRenderer):
         streams_calls = req.stream and req.reads_calls
         self.parsers = {i: ToolCallParser(self.names) for i in range(params.num_outputs)} if streams_calls else {}
         self.called: set[int] = set()
+        # The model's think tags (None: replies are not split), and whether the prompt left the reply
+        # inside a think block; when streaming, each sample's splitter.
+        self.reasoning, self.thinking = reasoning, thinking
+        self.splitters = ({i: ReasoningSplitter(reasoning, thinking) for i in range(params.num_outputs)}
+                          if req.stream and reasoning is not None else {})
 
     def _head(self, results: list[Result], kind: str) -> dict[str, Any]:
         return {"id": results[0].request_id, "object": kind, "created": self.created, "model": self.req.model}
@@ -122,7 +129,7 @@ class ChatRenderer(OpenAIRenderer):
     def whole(self, results: list[Result]) -> Any:
         choices = []
         for s in results[0].best(self.n):
-            message, called = self._message(self.echoed + s.text)
+            message, called = self._message(s.text)
             reason = "tool_calls" if called and s.finish_reason is not FinishReason.LENGTH else \
                 OPENAI_REASONS[s.finish_reason]
             choice = {"index": s.index, "message": message,
@@ -152,13 +159,24 @@ class ChatRenderer(OpenAIRenderer):
             events.append(sse({**head, "choices": [], "prompt_token_ids": self.prompt_ids}))
         if self.echoed:
             for index in range(self.n):
-                for delta in self._deltas(index, self.echoed, False):
+                for delta in self._answer_deltas(index, self.echoed, False):
                     events.append(sse({**head, "choices": [{"index": index, "delta": {"role": "assistant", **delta},
                                                             "logprobs": None, "finish_reason": None}]}))
         return events
 
     def _message(self, text: str) -> tuple[dict[str, Any], bool]:
-        """The assistant message for a finished sample, and whether it is a tool call."""
+        """The assistant message for a finished sample (after the echoed text), and whether it is a
+        tool call."""
+        reasoning, content = None, text
+        if self.reasoning is not None:
+            reasoning, content = split_reasoning(self.reasoning, text, self.thinking)
+        message, called = self._answer(self.echoed + (content or ""))
+        if reasoning is not None:
+            message["content"] = message["content"] or None  # as vLLM: nothing after the reasoning is null
+            message["reasoning_content"] = reasoning
+        return message, called
+
+    def _answer(self, text: str) -> tuple[dict[str, Any], bool]:
         if not self.req.reads_calls:
             return {"role": "assistant", "content": text}, False
         parsed = parse_tool_calls(text, self.names)
@@ -196,7 +214,18 @@ class ChatRenderer(OpenAIRenderer):
         return events
 
     def _deltas(self, index: int, text: str, final: bool) -> list[dict[str, Any]]:
-        """Content and tool-call deltas for new text of sample `index`."""
+        """Reasoning, content and tool-call deltas for new text of sample `index`."""
+        splitter = self.splitters.get(index)
+        if splitter is None:
+            return self._answer_deltas(index, text, final)
+        out: list[dict[str, Any]] = []
+        for piece in splitter.feed(text) + (splitter.finish() if final else []):
+            out += [{"reasoning_content": piece.text}] if piece.reasoning else self._answer_deltas(index, piece.text,
+                                                                                                False)
+        return out + (self._answer_deltas(index, "", True) if final else [])
+
+    def _answer_deltas(self, index: int, text: str, final: bool) -> list[dict[str, Any]]:
+        """Content and tool-call deltas for new answer text of sample `index`."""
         parser = self.parsers.get(index)
         if parser is None:
             return [{"content": text}] if text else []

@@ -1,0 +1,95 @@
+"""A GGUF file of a tiny Hugging Face model, as llama.cpp's convert_hf_to_gguf.py names and lays it out:
+the model's shape under `<arch>.*`, tensors under llama.cpp's names (the inverse of the loader's table),
+the byte-level tokenizer as `gpt2` metadata with its chat template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from mindie.model import gguf_file
+from mindie.model.hf_dir import read_weights
+
+# Architectures whose q/k rows llama.cpp stores as Hugging Face does (it permutes Llama's only).
+UNPERMUTED = ("qwen2", "qwen3")
+_GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
+
+
+def _gguf_names() -> dict[str, str]:
+    """Hugging Face name -> GGUF name, with {} for the layer index."""
+    names = {hf: name for name, hf in gguf_file._GLOBAL_NAMES.items()}
+    names.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{name}" for name, hf in gguf_file._LAYER_NAMES.items()})
+    return names
+
+
+def _gguf_name(hf: str, table: dict[str, str]) -> str:
+    parts = hf.split(".")
+    if hf.startswith("model.layers."):
+        return table[".".join([*parts[:2], "{}", *parts[3:]])].format(parts[2])
+    return table[hf]
+
+
+def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    added = tok.get_added_tokens_decoder()
+    vocab = tok.get_vocab(with_added_tokens=True)
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    types = [(_GGUF_CONTROL if added[i].special else _GGUF_USER_DEFINED) if i in added else _GGUF_NORMAL
+             for i in range(len(tokens))]
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([])
+    w.add_eos_token_id(vocab[config["eos_token"]])
+    if config.get("bos_token"):
+        w.add_bos_token_id(vocab[config["bos_token"]])
+    w.add_add_bos_token(bool(config.get("add_bos_token", False)))
+    w.add_chat_template(config["chat_template"])
+
+
+def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
+               ) -> Path:
+    """`hf_dir` (a Qwen2 or Qwen3 checkpoint) as a GGUF file; matrices in `matrix_type` (F32, or a
+    block format the gguf package quantizes to), norms and biases F32, as llama.cpp keeps them."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = cfg["model_type"]
+    if arch not in UNPERMUTED:
+        raise ValueError(f"{arch}: only {UNPERMUTED} (llama.cpp stores their q/k rows unpermuted)")
+    heads = cfg["num_attention_heads"]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_name(hf_dir.name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    _write_tokenizer(w, hf_dir)
+    table = _gguf_names()
+    for name, tensor in sorted(read_weights(str(hf_dir)).items()):
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue  # a tied model has no output.weight: llama.cpp reads token_embd.weight
+        data = tensor.to(torch.float32).numpy()
+        qtype = matrix_type if data.ndim == 2 else gguf.GGMLQuantizationType.F32
+        if qtype != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(data, qtype)
+        w.add_tensor(_gguf_name(name, table), np.ascontiguousarray(data), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
