@@ -61,7 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         media = dataclasses.replace(media, allowed_local_path=os.path.abspath(args.allowed_local_media_path))
     if args.allow_private_media_urls:
         media = dataclasses.replace(media, allow_private_urls=True)
-    return settings.with_overrides(media=media, 
+    return settings.with_overrides(media=media,
         model_path=args.model, host=args.host, port=args.port, management_host=args.management_host,
         management_port=args.management_port, metrics_port=args.metrics_port, api_key=args.api_key,
         model_name=args.model_name, dtype=args.dtype, quantization=args.quantization,

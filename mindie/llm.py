@@ -98,18 +98,20 @@ class LLM:
         raise ValueError("a prompt must be a string or a dict with 'prompt' or 'prompt_token_ids'")
 
     def _media(self, prompt: Prompt, ids: list[int]) -> tuple[list[int], MediaInputs | None]:
-        """vLLM's {"multi_modal_data": {"image": image or [images]}} (Pillow images): the prompt holds
-        one image placeholder per image (a chat template writes them), expanded here."""
+        """vLLM's {"multi_modal_data": {"image": ..., "video": ...}}, each one or a list: images as
+        Pillow images, videos as file paths, encoded bytes or mindie.media.video.VideoClip. The
+        prompt holds one placeholder per image and per video (a chat template writes them),
+        expanded here."""
         data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if not data:
             return ids, None
-        if set(data) != {"image"}:
-            raise ValueError(f"multi_modal_data takes 'image' only, got {sorted(data)}")
+        if not set(data) <= {"image", "video"}:
+            raise ValueError(f"multi_modal_data takes 'image' and 'video', got {sorted(data)}")
         model = self.engine.loaded.model
         if not hasattr(model, "prepare_prompt"):
-            raise ValueError(f"the model ({self.engine.loaded.name}) reads text only; it takes no images")
-        images = data["image"] if isinstance(data["image"], list) else [data["image"]]
-        return model.prepare_prompt(ids, images)
+            raise ValueError(f"the model ({self.engine.loaded.name}) reads text only; it takes no images or videos")
+        given = {kind: value if isinstance(value, list) else [value] for kind, value in data.items()}
+        return model.prepare_prompt(ids, given.get("image", []), [_video_clip(v) for v in given.get("video", [])])
 
     def _run(self, results: dict[str, GenerationResult], params: dict[str, SamplingParams], use_tqdm: bool) -> None:
         bar = None
@@ -148,3 +150,17 @@ class LLM:
         if out.finish_reason is not None:
             c.finish_reason = out.finish_reason.value
         result.num_cached_tokens = out.num_cached_prompt_tokens
+
+
+def _video_clip(video: Any) -> Any:
+    """A video the offline API was given (a path, encoded bytes or a VideoClip), probed."""
+    from mindie.media.video import VideoClip, probe_video
+
+    if isinstance(video, VideoClip):
+        return video
+    if isinstance(video, str):
+        with open(video, "rb") as f:
+            return probe_video(f.read(), video)
+    if isinstance(video, (bytes, bytearray)):
+        return probe_video(bytes(video), "the video")
+    raise ValueError(f"a video is a file path, encoded bytes or a VideoClip, got {type(video).__name__}")

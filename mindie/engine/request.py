@@ -164,12 +164,12 @@ class MediaItem:
     """One image (or clip) of a prompt: its placeholder tokens are prompt positions
     [offset, offset + num_tokens), whose embeddings the model's encoder output replaces."""
 
-    kind: str  # "image"
+    kind: str  # "image" or "video"
     offset: int
     num_tokens: int
     # sha256 of the preprocessed content: the prefix cache keys these tokens by it (Sequence.cache_keys)
     content_hash: bytes
-    data: Any  # the model's preprocessed input (qwen2_vl_processor.ImageInput); None once encoded
+    data: Any  # the model's preprocessed input (qwen2_vl_processor.VisualInput); None once encoded
 
 
 @dataclass

@@ -1,11 +1,12 @@
-"""Fetch and decode one image a request names: a local path under the directory the operator
-allows, a base64 `data:` URI, or an http/https URL.
+"""Fetch one image or video a request names (a local path under the directory the operator
+allows, a base64 `data:` URI, or an http/https URL) and decode images.
 
 Every refusal is a `MediaError` whose message names the part (`where`) and the rule it broke; the
-server answers it as a 400. Limits: 20 MB of encoded bytes (a download stops reading there), a
-timeout per URL, at most `max_redirects` redirects, each hop's host checked again; URLs whose host
-resolves to a loopback, link-local or unspecified address are refused unless the operator allows
-them (the server's own ports and cloud metadata services live there). Formats: JPEG and PNG.
+server answers it as a 400. Limits: the kind's encoded bytes (20 MB for an image, 512 MB for a
+video; a download stops reading there), a timeout per URL, at most `max_redirects` redirects, each
+hop's host checked again; URLs whose host resolves to a loopback, link-local or unspecified address
+are refused unless the operator allows them (the server's own ports and cloud metadata services live
+there). Image formats: JPEG and PNG; videos are probed in mindie.media.video.
 """
 
 from __future__ import annotations
@@ -23,15 +24,28 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 MAX_IMAGE_BYTES = 20 * 2**20  # seeds 000 / 004: images of at most 20 MB
+MAX_VIDEO_BYTES = 512 * 2**20  # seed 004: videos of at most 512 MB
 MAX_IMAGE_PIXELS = 64 * 2**20  # decoded size; a small file can declare a huge canvas
 IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
                        re.ASCII)
-_DATA_MIMES = ("image/jpeg", "image/jpg", "image/png")
 
 
 class MediaError(ValueError):
     """A media part the server will not read; the message names the part and the rule."""
+
+
+@dataclass(frozen=True)
+class MediaKind:
+    """What a fetch of one kind of media allows: its size limit and its data: URI types."""
+
+    name: str
+    max_bytes: int
+    data_mimes: tuple[str, ...]
+
+
+IMAGE = MediaKind("image", MAX_IMAGE_BYTES, ("image/jpeg", "image/jpg", "image/png"))
+VIDEO = MediaKind("video", MAX_VIDEO_BYTES, ("video/mp4", "video/avi", "video/x-msvideo", "video/x-ms-wmv"))
 
 
 @dataclass(frozen=True)
@@ -41,28 +55,31 @@ class MediaPolicy:
     allowed_local_path: str | None = None  # None: no local path is read
     allow_private_urls: bool = False  # loopback / link-local URL hosts
     timeout_s: float = 10.0
-    max_bytes: int = MAX_IMAGE_BYTES
     max_redirects: int = 3
 
 
 async def load_image(ref: str, policy: MediaPolicy, where: str) -> Any:
     """The image `ref` names, decoded (a Pillow image, pixels loaded). MediaError on any refusal."""
+    data = await fetch_media(ref, policy, where, IMAGE)
+    return await asyncio.to_thread(decode_image, data, where)  # decoding 20 MB takes a while: off the loop
+
+
+async def fetch_media(ref: str, policy: MediaPolicy, where: str, kind: MediaKind) -> bytes:
+    """The encoded bytes `ref` names, at most kind.max_bytes. MediaError on any refusal."""
     if not isinstance(ref, str) or not ref:
         raise MediaError(f"{where} must be a non-empty string: a local path, a data: URI or an http(s) URL")
     scheme = urlsplit(ref).scheme.lower() if "://" in ref or ref.startswith("data:") else ""
     if scheme == "data":
-        data = _from_data_uri(ref, policy, where)
-    elif scheme in ("http", "https"):
+        return _from_data_uri(ref, kind, where)
+    if scheme in ("http", "https"):
         try:
             async with asyncio.timeout(policy.timeout_s):  # the whole fetch, redirects included
-                data = await _from_url(ref, policy, where)
+                return await _from_url(ref, policy, kind, where)
         except TimeoutError:
             raise MediaError(f"{where}: fetching {ref!r} took longer than {policy.timeout_s:g} s") from None
-    elif scheme in ("", "file"):
-        data = await asyncio.to_thread(_from_local, ref.removeprefix("file://"), policy, where)
-    else:
-        raise MediaError(f"{where}: scheme {scheme!r} is not supported; use a local path, a data: URI, http or https")
-    return await asyncio.to_thread(decode_image, data, where)  # decoding 20 MB takes a while: off the loop
+    if scheme in ("", "file"):
+        return await asyncio.to_thread(_from_local, ref.removeprefix("file://"), policy, kind, where)
+    raise MediaError(f"{where}: scheme {scheme!r} is not supported; use a local path, a data: URI, http or https")
 
 
 def decode_image(data: bytes, where: str) -> Any:
@@ -83,29 +100,29 @@ def decode_image(data: bytes, where: str) -> Any:
     return image
 
 
-def _too_big(where: str, policy: MediaPolicy, size: str) -> MediaError:
-    return MediaError(f"{where} is {size}; the limit is {policy.max_bytes // 2**20} MB")
+def _too_big(where: str, kind: MediaKind, size: str) -> MediaError:
+    return MediaError(f"{where} is {size}; the limit is {kind.max_bytes // 2**20} MB for {kind.name}s")
 
 
-def _from_data_uri(ref: str, policy: MediaPolicy, where: str) -> bytes:
+def _from_data_uri(ref: str, kind: MediaKind, where: str) -> bytes:
     m = _DATA_URI.match(ref)
     if m is None or not m["b64"]:
-        raise MediaError(f"{where}: a data: URI must be data:image/<jpeg|png>;base64,<data>")
-    if (m["mime"] or "").lower() not in _DATA_MIMES:
-        raise MediaError(f"{where}: data: URI type {m['mime']!r} is not one of {', '.join(_DATA_MIMES)}")
+        raise MediaError(f"{where}: a data: URI must be data:<{'|'.join(kind.data_mimes)}>;base64,<data>")
+    if (m["mime"] or "").lower() not in kind.data_mimes:
+        raise MediaError(f"{where}: data: URI type {m['mime']!r} is not one of {', '.join(kind.data_mimes)}")
     payload = ref[m.end():]
-    if len(payload) // 4 * 3 > policy.max_bytes + 3:  # judged before decoding
-        raise _too_big(where, policy, f"about {len(payload) // 4 * 3 / 2**20:.1f} MB")
+    if len(payload) // 4 * 3 > kind.max_bytes + 3:  # judged before decoding
+        raise _too_big(where, kind, f"about {len(payload) // 4 * 3 / 2**20:.1f} MB")
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise MediaError(f"{where}: the data: URI's payload is not valid base64") from None
-    if len(data) > policy.max_bytes:
-        raise _too_big(where, policy, f"{len(data) / 2**20:.1f} MB")
+    if len(data) > kind.max_bytes:
+        raise _too_big(where, kind, f"{len(data) / 2**20:.1f} MB")
     return data
 
 
-def _from_local(path: str, policy: MediaPolicy, where: str) -> bytes:
+def _from_local(path: str, policy: MediaPolicy, kind: MediaKind, where: str) -> bytes:
     if policy.allowed_local_path is None:
         raise MediaError(f"{where}: local paths are refused; the server reads local media only under a directory "
                          "named by --allowed-local-media-path")
@@ -117,12 +134,12 @@ def _from_local(path: str, policy: MediaPolicy, where: str) -> bytes:
     if not os.path.isfile(real):
         raise MediaError(f"{where}: {path!r} is not a file")
     size = os.path.getsize(real)
-    if size > policy.max_bytes:
-        raise _too_big(where, policy, f"{size / 2**20:.1f} MB")
+    if size > kind.max_bytes:
+        raise _too_big(where, kind, f"{size / 2**20:.1f} MB")
     with open(real, "rb") as f:
-        data = f.read(policy.max_bytes + 1)
-    if len(data) > policy.max_bytes:  # grew since it was measured
-        raise _too_big(where, policy, "larger than that")
+        data = f.read(kind.max_bytes + 1)
+    if len(data) > kind.max_bytes:  # grew since it was measured
+        raise _too_big(where, kind, "larger than that")
     return data
 
 
@@ -146,7 +163,7 @@ async def _check_host(url: str, policy: MediaPolicy, where: str) -> None:
                              "such URLs are refused unless the server runs with --allow-private-media-urls")
 
 
-async def _from_url(url: str, policy: MediaPolicy, where: str) -> bytes:
+async def _from_url(url: str, policy: MediaPolicy, kind: MediaKind, where: str) -> bytes:
     """GET with redirects followed by hand, so that each hop's host is checked. The check resolves
     the name once and the connection resolves it again: a DNS server that answers differently the
     second time could still steer a fetch to a refused address (pinning the address is not built)."""
@@ -163,13 +180,13 @@ async def _from_url(url: str, policy: MediaPolicy, where: str) -> bytes:
                     if response.status_code != 200:
                         raise MediaError(f"{where}: fetching {url!r} answered HTTP {response.status_code}")
                     declared = response.headers.get("content-length", "")
-                    if declared.isdigit() and int(declared) > policy.max_bytes:
-                        raise _too_big(where, policy, f"{int(declared) / 2**20:.1f} MB (Content-Length)")
+                    if declared.isdigit() and int(declared) > kind.max_bytes:
+                        raise _too_big(where, kind, f"{int(declared) / 2**20:.1f} MB (Content-Length)")
                     body = bytearray()
                     async for chunk in response.aiter_bytes():
                         body += chunk
-                        if len(body) > policy.max_bytes:  # stop reading at the limit
-                            raise _too_big(where, policy, "larger than that (reading stopped at the limit)")
+                        if len(body) > kind.max_bytes:  # stop reading at the limit
+                            raise _too_big(where, kind, "larger than that (reading stopped at the limit)")
                     return bytes(body)
             except httpx.TimeoutException:
                 raise MediaError(f"{where}: fetching {url!r} took longer than {policy.timeout_s:g} s") from None

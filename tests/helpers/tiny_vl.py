@@ -15,12 +15,15 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "
 IDS = {t: 256 + i for i, t in enumerate(SPECIALS)}
 VOCAB = 264
 MIN_PIXELS, MAX_PIXELS = 28 * 28 * 4, 28 * 28 * 64
+# A video's frames are sized within these (Qwen2VLVideoProcessor's size), and sampled at VIDEO_FPS.
+VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS, VIDEO_FPS = 28 * 28 * 2, 28 * 28 * 12, 2.0
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -44,11 +47,18 @@ def write_tokenizer(path: Path, template_json: bool = False) -> None:
     (path / "preprocessor_config.json").write_text(json.dumps(
         {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14, "temporal_patch_size": 2,
          "merge_size": 2}))
+    (path / "video_preprocessor_config.json").write_text(json.dumps(
+        {"size": {"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS}, "fps": VIDEO_FPS,
+         "min_frames": 4, "max_frames": 768, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2}))
 
 
 def make_tiny_vl(path: Path, qwen25: bool, seed: int = 0) -> Path:
-    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
-                              Qwen2VLForConditionalGeneration)
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     torch.manual_seed(seed)
     text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -90,6 +100,29 @@ def draw(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Any:
     return image.convert(mode)
 
 
+def clip(frames: int, fps: int = 4, size: tuple[int, int] = (96, 64), container: str = "mp4", seed: int = 0
+         ) -> bytes:
+    """An encoded video of `frames` drawn pictures (each its own, so frame order shows), PyAV-written:
+    mp4 and avi as MPEG-4 part 2, wmv as WMV2 in ASF."""
+    import io
+
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format={"wmv": "asf"}.get(container, container)) as out:
+        stream = out.add_stream("wmv2" if container == "wmv" else "mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        stream.bit_rate = 4_000_000  # near-lossless, so decoded frames sit close to the drawn ones
+        for i in range(frames):
+            picture = np.asarray(draw(size[0], size[1], seed=seed * 1000 + i))
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
 def hf_processor() -> Any:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -102,16 +135,23 @@ def hf_model(path: Path) -> Any:
     return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def hf_generate(model: Any, prompt_ids: list[int], images: list[Any], new_tokens: int
+def hf_generate(model: Any, prompt_ids: list[int], images: list[Any], new_tokens: int, videos: list[Any] = ()
                 ) -> tuple[list[int], list[float]]:
-    """transformers' greedy generate on the same prompt (pads already expanded) and images: the
-    tokens and each one's log-probability."""
+    """transformers' greedy generate on the same prompt (pads already expanded), images and videos
+    (our preprocessed VisualInputs: transformers' video processor needs torchvision, which does not
+    load here): the tokens and each one's log-probability."""
     ids = torch.tensor([prompt_ids])
     kwargs: dict[str, Any] = {}
+    if images or videos:
+        kwargs["mm_token_type_ids"] = (ids == IDS["<|image_pad|>"]).int() + 2 * (ids == IDS["<|video_pad|>"]).int()
     if images:
         pre = hf_processor()(images=images, return_tensors="pt")
-        kwargs = dict(pixel_values=pre["pixel_values"], image_grid_thw=pre["image_grid_thw"],
-                      mm_token_type_ids=(ids == IDS["<|image_pad|>"]).int())
+        kwargs.update(pixel_values=pre["pixel_values"], image_grid_thw=pre["image_grid_thw"])
+    if videos:
+        kwargs.update(pixel_values_videos=torch.cat([torch.from_numpy(v.pixels) for v in videos]),
+                      video_grid_thw=torch.tensor([v.grid for v in videos]))
+        if "Qwen2_5" in type(model).__name__:
+            kwargs["second_per_grid_ts"] = torch.tensor([v.seconds_per_grid for v in videos])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
                              min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **kwargs)

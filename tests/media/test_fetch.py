@@ -48,12 +48,13 @@ def test_data_uris():
     image = load("data:image/png;base64," + base64.b64encode(PNG).decode())
     assert (image.format, image.size) == ("PNG", (64, 48))
     assert load("data:image/jpeg;base64," + base64.b64encode(JPEG).decode()).format == "JPEG"
-    assert refused("data:image/png," + "abc") == "part: a data: URI must be data:image/<jpeg|png>;base64,<data>"
+    assert refused("data:image/png," + "abc") == ("part: a data: URI must be "
+                                                  "data:<image/jpeg|image/jpg|image/png>;base64,<data>")
     assert refused("data:text/plain;base64,QUJD") == ("part: data: URI type 'text/plain' is not one of image/jpeg, "
                                                       "image/jpg, image/png")
     assert refused("data:image/png;base64,@@@@") == "part: the data: URI's payload is not valid base64"
     big = "data:image/png;base64," + "A" * (28 * 2**20)
-    assert refused(big) == "part is about 21.0 MB; the limit is 20 MB"
+    assert refused(big) == "part is about 21.0 MB; the limit is 20 MB for images"
 
 
 def test_formats():
@@ -87,7 +88,7 @@ def test_local_paths(tmp_path):
     assert refused(str(allowed / "none.png"), policy) == f"part: {str(allowed / 'none.png')!r} is not a file"
     with open(allowed / "huge.png", "wb") as f:
         f.truncate(21 * 2**20)  # sparse: the size is refused before anything is read
-    assert refused(str(allowed / "huge.png"), policy) == "part is 21.0 MB; the limit is 20 MB"
+    assert refused(str(allowed / "huge.png"), policy) == "part is 21.0 MB; the limit is 20 MB for images"
 
 
 def test_urls(media_server):
@@ -98,8 +99,9 @@ def test_urls(media_server):
     assert refused(f"{url}/redirect/4") == "part: more than 3 redirects"
     assert refused(f"{url}/missing") == f"part: fetching '{url}/missing' answered HTTP 404"
     assert refused(f"{url}/image.gif") == "part is a GIF image; the formats read are jpg, jpeg and png"
-    assert refused(f"{url}/big-declared") == "part is 21.0 MB (Content-Length); the limit is 20 MB"
-    assert refused(f"{url}/big") == "part is larger than that (reading stopped at the limit); the limit is 20 MB"
+    assert refused(f"{url}/big-declared") == "part is 21.0 MB (Content-Length); the limit is 20 MB for images"
+    assert refused(f"{url}/big") == ("part is larger than that (reading stopped at the limit); "
+                                     "the limit is 20 MB for images")
     assert refused("ftp://example.com/a.png") == ("part: scheme 'ftp' is not supported; use a local path, a data: "
                                                   "URI, http or https")
 

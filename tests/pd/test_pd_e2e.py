@@ -10,8 +10,18 @@ import re
 
 import httpx
 import pytest
-from helpers.pd import (DResultReader, blocks_back, close, dmi_settings, envelope, next_req_id, pd_headers,
-                        pd_pair_of, set_role, through_pd)
+from helpers.pd import (
+    DResultReader,
+    blocks_back,
+    close,
+    dmi_settings,
+    envelope,
+    next_req_id,
+    pd_headers,
+    pd_pair_of,
+    set_role,
+    through_pd,
+)
 from helpers.server import RunningServer
 
 from mindie.pd.records import RecordKind

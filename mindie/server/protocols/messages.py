@@ -13,7 +13,14 @@ from pydantic import Field, ValidationError
 from mindie.server.errors import APIError
 from mindie.server.fields import Body, describe
 from mindie.server.protocols import tools as tools_support
-from mindie.server.protocols.media import MAX_MEDIA_ITEMS, attach_images, check_images, image_refs, reads_images
+from mindie.server.protocols.media import (
+    MAX_MEDIA_ITEMS,
+    MEDIA_PARTS,
+    attach_media,
+    check_media,
+    media_refs,
+    reads_media,
+)
 from mindie.server.protocols.params import ContentPart, join_parts
 
 if TYPE_CHECKING:
@@ -131,34 +138,34 @@ async def render_parts(ctx: Serving, parts: str | list[ContentPart], field: str,
     `text_input`): the parts as one user turn through the chat template, as MindIE builds such a
     prompt, each image where its part stands. None when the parts hold no image: the route reads
     its text as it always has."""
-    images = image_refs(parts, field) if isinstance(parts, list) else []
-    if not images:
+    refs = media_refs(parts, field) if isinstance(parts, list) else []
+    if not refs:
         return None
-    check_images(ctx, images, limit)
+    check_media(ctx, refs, limit)
     _, ids = render_chat(ctx, [Message(role="user", content=parts)], None)
-    ids, media = await attach_images(ctx, ids, images, field)
-    assert media is not None  # images were found above
+    ids, media = await attach_media(ctx, ids, refs, field)
+    assert media is not None  # media were found above
     text = "".join(p.text or "" for p in parts if isinstance(p, ContentPart) and p.type == "text")
     return PartsPrompt(text, ctx.fit_prompt(ids, field), media)
 
 
 def _template_content(ctx: Serving, content: str | list[ContentPart] | None, field: str) -> Any:
-    """A message's content as the chat template reads it: text, or for a model that reads images
-    and a message that holds some, the parts in order ({"type": "image"} where an image goes; the
-    template writes its placeholder there)."""
+    """A message's content as the chat template reads it: text, or for a model that reads media
+    and a message that holds some, the parts in order ({"type": "image"} / {"type": "video"} where
+    one goes; the template writes its placeholder there)."""
     if content is None or isinstance(content, str):
         return content
-    if not (reads_images(ctx) and any(p.type == "image_url" for p in content)):
+    if not (reads_media(ctx, "image") and any(p.type in MEDIA_PARTS for p in content)):
         return join_parts(content, field)
     parts: list[dict[str, Any]] = []
     for k, p in enumerate(content):
-        if p.type == "image_url":
-            parts.append({"type": "image"})
+        if p.type in MEDIA_PARTS:
+            parts.append({"type": MEDIA_PARTS[p.type]})
         elif p.type == "text":
             if p.text is None:
                 raise APIError(422, f"{field}[{k}].text is required for a part of type 'text'", f"{field}[{k}].text")
             parts.append({"type": "text", "text": p.text})
-        else:  # image_refs refused every other media type before rendering
+        else:  # media_refs refused every other media type before rendering
             raise APIError(422, f"{field}[{k}] is of type {p.type!r}, which this server does not read", field)
     return parts
 

@@ -14,7 +14,7 @@ from mindie.server.fields import INT32_MAX, number, validate
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import OPENAI_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.guided import ResponseFormat, compile_checked, compile_guided, one_of
-from mindie.server.protocols.media import attach_images, chat_image_refs, check_images
+from mindie.server.protocols.media import attach_media, chat_media_refs, check_media
 from mindie.server.protocols.messages import Message, Tool, render_chat
 from mindie.server.protocols.openai import (
     OpenAIFields,
@@ -71,11 +71,11 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     if req.continue_final_message and req.add_generation_prompt:
         raise APIError(422, "continue_final_message and add_generation_prompt cannot both be true: set "
                             "add_generation_prompt to false to continue the final message", "continue_final_message")
-    images = chat_image_refs(req.messages)
-    check_images(ctx, images)
+    refs = chat_media_refs(req.messages)
+    check_media(ctx, refs)
     prompt, ids = render_chat(ctx, req.messages, offered, req.add_generation_prompt, req.chat_template,
                               dict(req.chat_template_kwargs or {}), continue_final=req.continue_final_message)
-    ids, media = await attach_images(ctx, ids, images, "messages")
+    ids, media = await attach_media(ctx, ids, refs, "messages")
     ids = ctx.fit_prompt(ids, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = req.with_prompt_logprobs(req.sampling_params(ctx, logprobs=logprobs, max_tokens=req.output_limit,

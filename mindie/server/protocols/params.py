@@ -31,15 +31,20 @@ class ImageURL(Body):
     detail: str | None = None  # OpenAI's; the model's own preprocessing decides the resolution
 
 
+class VideoURL(Body):
+    url: str
+
+
 class ContentPart(Body):
     type: Literal["text", "image_url", "video_url", "audio_url", "input_audio", "image"]
     text: str | None = None
     image_url: str | ImageURL | None = None  # a bare string (MindIE's docs) or OpenAI's {"url": ...}
+    video_url: str | VideoURL | None = None  # the same two forms (vLLM's {"url": ...})
 
 
 def join_parts(value: str | list[ContentPart], field: str) -> str:
     """Text of a string or a list of content parts, for routes that read text only: any image,
-    video or audio part is refused (and never fetched). The routes that take images (chat, /infer)
+    video or audio part is refused (and never fetched). The routes that take media (chat, /infer)
     read them through mindie.server.protocols.media first."""
     if isinstance(value, str):
         return value

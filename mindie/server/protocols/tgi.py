@@ -12,6 +12,7 @@ from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import Constraint, compile_guided, schema_value
+from mindie.server.protocols.messages import render_parts
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -26,7 +27,6 @@ from mindie.server.protocols.params import (
     join_parts,
     sampling_params,
 )
-from mindie.server.protocols.messages import render_parts
 from mindie.server.results import Result, SampleResult, StreamItem
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from mindie.server.fields import INT32_MAX, Body, Seed, number, validate
 from mindie.server.http import json_response
 from mindie.server.protocols.base import MINDIE_REASONS, UNNAMED, Call, Renderer, sse
 from mindie.server.protocols.family import Family, Kind, Prompt, Route, plain_prompt
+from mindie.server.protocols.messages import render_parts
 from mindie.server.protocols.params import (
     ContentPart,
     MaxNewTokens,
@@ -30,7 +31,6 @@ from mindie.server.protocols.params import (
     join_parts,
     sampling_params,
 )
-from mindie.server.protocols.messages import render_parts
 from mindie.server.results import Result, StreamItem
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from mindie.server.http import json_response
 from mindie.server.protocols.base import UNNAMED, Call, Renderer, dumps
 from mindie.server.protocols.family import Family, Kind, Route, plain_prompt
 from mindie.server.protocols.guided import GuidedFields, compile_guided, one_of
-from mindie.server.protocols.media import attach_images, chat_image_refs, check_images
+from mindie.server.protocols.media import attach_media, chat_media_refs, check_media
 from mindie.server.protocols.messages import parse_message, render_chat, render_parts
 from mindie.server.protocols.params import ContentPart, SamplingFields, TokenId, join_parts
 from mindie.server.results import Result, StreamItem
@@ -110,11 +110,11 @@ async def tokenize(ctx: Serving, request: Request, body: bytes) -> Response:
             raise APIError(422, "continue_final_message and add_generation_prompt cannot both be true",
                            "continue_final_message")
         messages = [parse_message(m, i) if isinstance(m, dict) else m for i, m in enumerate(req.messages)]
-        images = chat_image_refs(messages)
-        check_images(ctx, images)
+        refs = chat_media_refs(messages)
+        check_media(ctx, refs)
         _, ids = render_chat(ctx, messages, None, req.add_generation_prompt,
                              continue_final=req.continue_final_message)
-        ids, _media = await attach_images(ctx, ids, images, "messages")  # the count includes image tokens
+        ids, _media = await attach_media(ctx, ids, refs, "messages")  # the count includes image tokens
     tokens: list[Any] = ids
     if req.with_pieces:
         tokens = [{"id": t, "piece": ctx.tokenizer.decode([t], skip_special_tokens=False)} for t in ids]
