@@ -1,5 +1,5 @@
-"""Images through prefill/decode disaggregation on a tiny Qwen2-VL: P fetches, encodes and
-prefills; D continues from P's KV with the image tokens' count, cache keys and rotary delta P
+"""Images and videos through prefill/decode disaggregation on a tiny Qwen2-VL: P fetches, encodes and
+prefills; D continues from P's KV with the media tokens' counts, cache keys and rotary delta P
 hands over, and never fetches (this D may not: it allows no local path and no loopback URL). Through
 a D that sends the request back for recompute too, the answer is the single instance's."""
 
@@ -13,7 +13,7 @@ import pytest
 from helpers.media_server import MediaServer
 from helpers.pd import blocks_back, dmi_settings, pd_pair_of, through_pd
 from helpers.server import RunningServer, local_settings
-from helpers.tiny_vl import draw
+from helpers.tiny_vl import clip, draw
 
 from mindie.media import MediaPolicy
 from mindie.pd.records import RecordKind
@@ -28,6 +28,13 @@ def image_url():
     draw(120, 90, 21).save(buf, "PNG")
     server = MediaServer({"a.png": buf.getvalue()})
     yield f"{server.url}/a.png"
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def video_url():
+    server = MediaServer({"a.mp4": clip(8, fps=4, seed=22)})
+    yield f"{server.url}/a.mp4"
     server.close()
 
 
@@ -80,3 +87,18 @@ def test_images_through_pd_equal_one_instance(vl_pair, vl_single, image_url):
         blocks_back(p, d)
     retried = sum(r.kind is RecordKind.RETRY for r in reader.records)
     assert retried == (3 if kind == "recompute" else 0)  # each request sent back once, and recomputed on P
+
+
+def test_a_video_beside_an_image_through_pd_equals_one_instance(vl_pair, vl_single, image_url, video_url):
+    p, d, reader, kind = vl_pair
+    before = sum(r.kind is RecordKind.RETRY for r in reader.records)
+    content = [{"type": "video_url", "video_url": {"url": video_url}}, {"type": "image_url", "image_url": image_url},
+               {"type": "text", "text": "Compare them."}]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 7, "temperature": 0}
+    expected = httpx.post(vl_single.url + "/v1/chat/completions", json=body, timeout=60)
+    assert expected.status_code == 200, expected.text
+    got, went_to_d = through_pd(p, d, reader, "/v1/chat/completions", body, False)
+    assert went_to_d
+    assert answer(got, "/v1/chat/completions", False) == answer(expected.content, "/v1/chat/completions", False)
+    blocks_back(p, d)
+    assert sum(r.kind is RecordKind.RETRY for r in reader.records) - before == (kind == "recompute")
