@@ -201,9 +201,10 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
             continue
         experts = _expert_names(t.name, config.num_experts)
         if experts is not None:  # each expert its own matrix: a step reads only its routed experts' bytes
-            per_expert = raw.reshape(len(experts), int(t.shape[1]), -1)
-            for e, name in enumerate(experts):
-                matrices[name] = from_gguf_tensor(t.qtype, per_expert[e], int(t.shape[0])).packed_in_panels()
+            for e, name in enumerate(experts):  # (a view held past the loop would keep the mapping open)
+                expert = raw.reshape(len(experts), int(t.shape[1]), -1)[e]
+                matrices[name] = from_gguf_tensor(t.qtype, expert, int(t.shape[0])).packed_in_panels()
+            del expert
             continue
         rows = int(np.prod(t.shape[1:]))
         try:

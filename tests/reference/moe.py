@@ -17,7 +17,7 @@ def moe_combine(y: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -
     expert's output times the row's weight for it."""
     tokens, k = weights.shape
     out = torch.zeros(tokens, y.shape[1], dtype=torch.float32)
-    slots = y.view(tokens, k, -1)
+    slots = y.view(tokens, k, y.shape[1])
     for expert in experts.unique().tolist():
         rows, j = torch.where(experts == expert)
         out.index_add_(0, rows, slots[rows, j] * weights[rows, j, None])
