@@ -18,8 +18,8 @@ from mindie import _C, LLM, SamplingParams
 from mindie.model import llama_quant
 from mindie.model.llama import AttentionMetadata
 from mindie.model.llama_quant import QuantizedLlamaModel
-from mindie.model.moe import EXPERT_PROJECTIONS, expert_name
 from mindie.model.loader import default_model_path, load_model
+from mindie.model.moe import EXPERT_PROJECTIONS, expert_name
 
 TEXT = (Path(__file__).parent / "data" / "perplexity.txt").read_text()
 # (dtype, prompt-row form): with bfloat16 both forms, whichever the CPU's measured default is (bf16
