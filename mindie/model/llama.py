@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mindie import ops
 from mindie.model.config import ModelConfig
-from mindie.model.moe import expert_name, moe_mlp, router_name
+from mindie.model.moe import MoeWeights, expert_name, moe_mlp, router_name
 
 
 @dataclass
@@ -51,11 +51,7 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor | None  # [2 * intermediate, hidden]; None in an MoE layer
     down: torch.Tensor | None
-    # An MoE layer's router [experts, hidden] and its experts' gate_up [experts, 2 * inter, hidden]
-    # and down [experts, hidden, inter] (mindie.model.moe)
-    router: torch.Tensor | None = None
-    experts_gate_up: torch.Tensor | None = None
-    experts_down: torch.Tensor | None = None
+    moe: MoeWeights | None = None  # an MoE layer's router and experts
 
 
 # Up to this many token rows, bf16 projections use ops.linear (streams the weight at memory speed);
@@ -113,12 +109,13 @@ class LlamaModel:
                     gate_up=None if moe else torch.cat([take(p + "mlp.gate_proj.weight"),
                                                         take(p + "mlp.up_proj.weight")]).contiguous(),
                     down=None if moe else take(p + "mlp.down_proj.weight"),
-                    router=take(router_name(i)) if moe else None,
-                    experts_gate_up=torch.stack([
-                        torch.cat([take(expert_name(i, e, "gate_proj")), take(expert_name(i, e, "up_proj"))])
-                        for e in range(config.num_experts)]) if moe else None,
-                    experts_down=torch.stack([take(expert_name(i, e, "down_proj"))
-                                              for e in range(config.num_experts)]) if moe else None,
+                    moe=MoeWeights(
+                        router=take(router_name(i)),
+                        gate_up=torch.stack([
+                            torch.cat([take(expert_name(i, e, "gate_proj")), take(expert_name(i, e, "up_proj"))])
+                            for e in range(config.num_experts)]),
+                        down=torch.stack([take(expert_name(i, e, "down_proj")) for e in range(config.num_experts)]),
+                    ) if moe else None,
                 )
             )
         self.cos_sin = rope_cos_sin(config, config.max_position)
@@ -167,10 +164,10 @@ class LlamaModel:
             )
             hidden = linear(attn_out.view(tokens, c.q_size), layer.o_proj)
             x = ops.rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual=residual)
-            if layer.router is not None:
-                hidden = moe_mlp(x, layer.router, layer.experts_gate_up, layer.experts_down, c.num_experts_per_tok,
-                                 c.norm_topk_prob)
+            if layer.moe is not None:
+                hidden = moe_mlp(x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob)
             else:
+                assert layer.gate_up is not None and layer.down is not None
                 hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
         assert residual is not None
         rows = meta.logits_indices

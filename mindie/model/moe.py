@@ -4,6 +4,8 @@ to them at load)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -36,12 +38,18 @@ def route(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, 
     return weights, ids
 
 
-def moe_mlp(x: torch.Tensor, router: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k: int,
-            normalize: bool) -> torch.Tensor:
-    """x [rows, hidden]; router [experts, hidden], gate_up [experts, 2 * inter, hidden], down
-    [experts, hidden, inter]. Each expert runs on the rows routed to it; their outputs, scaled by
-    the routing weights, are added expert by expert in ascending id (transformers' order)."""
-    weights, ids = route(F.linear(x, router), k, normalize)
+@dataclass
+class MoeWeights:
+    router: torch.Tensor  # [experts, hidden]
+    gate_up: torch.Tensor  # [experts, 2 * inter, hidden]
+    down: torch.Tensor  # [experts, hidden, inter]
+
+
+def moe_mlp(x: torch.Tensor, w: MoeWeights, k: int, normalize: bool) -> torch.Tensor:
+    """x [rows, hidden]. Each expert runs on the rows routed to it; their outputs, scaled by the
+    routing weights, are added expert by expert in ascending id (transformers' order)."""
+    gate_up, down = w.gate_up, w.down
+    weights, ids = route(F.linear(x, w.router), k, normalize)
     out = torch.zeros_like(x)
     for expert in ids.unique().tolist():  # sorted
         rows, slot = torch.where(ids == expert)
