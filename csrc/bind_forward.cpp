@@ -2,6 +2,8 @@
 #include <string>
 #include <vector>
 
+#include <pybind11/stl.h>
+
 #include "bindings.h"
 #include "cpu/llama_forward.h"
 
@@ -29,6 +31,9 @@ class LlamaForwardHandle {
     s.block_size = shape["block_size"].cast<int>();
     s.kv_dtype = shape["kv_dtype"].cast<std::string>() == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
     s.bf16_prompts = shape["bf16_prompts"].cast<bool>();
+    s.expert_intermediate = shape.attr("get")("expert_intermediate", 0).cast<int64_t>();
+    s.experts_per_tok = shape.attr("get")("experts_per_tok", 0).cast<int>();
+    s.norm_topk_prob = shape.attr("get")("norm_topk_prob", true).cast<bool>();
     Tensor cos_sin(shape["cos_sin"], "cos_sin");
     cos_sin.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim");
     s.cos_sin = cos_sin.ptr<float>();
@@ -44,9 +49,20 @@ class LlamaForwardHandle {
       l.k = matrix(d["k"], "k_proj");
       l.v = matrix(d["v"], "v_proj");
       l.o = matrix(d["o"], "o_proj");
-      l.gate = matrix(d["gate"], "gate_proj");
-      l.up = matrix(d["up"], "up_proj");
-      l.down = matrix(d["down"], "down_proj");
+      // an MoE layer has "router" and "experts" (per expert a (gate, up, down) of matrix specs) instead
+      if (!d.attr("get")("router").is_none()) {
+        l.router = matrix(d["router"], "router");
+        for (py::handle expert : d["experts"]) {
+          py::tuple g_u_d = py::reinterpret_borrow<py::tuple>(expert);
+          l.expert_gate.push_back(matrix(g_u_d[0], "expert gate_proj"));
+          l.expert_up.push_back(matrix(g_u_d[1], "expert up_proj"));
+          l.expert_down.push_back(matrix(g_u_d[2], "expert down_proj"));
+        }
+      } else {
+        l.gate = matrix(d["gate"], "gate_proj");
+        l.up = matrix(d["up"], "up_proj");
+        l.down = matrix(d["down"], "down_proj");
+      }
       if (!d["q_bias"].is_none()) {
         l.q_bias = vector(d["q_bias"], l.q.rows, "q_bias");
         l.k_bias = vector(d["k_bias"], l.k.rows, "k_bias");
@@ -158,6 +174,8 @@ class LlamaForwardHandle {
     step_->run(b);
   }
 
+  std::vector<std::vector<int32_t>> last_step_experts() { return step_->last_step_experts(); }
+
  private:
   void keep(py::handle obj) { refs_.push_back(py::reinterpret_borrow<py::object>(obj)); }
 
@@ -206,6 +224,8 @@ void bind_forward(py::module_& m) {
       .def(py::init<const py::dict&, const py::list&, const py::tuple&, const py::tuple&, py::handle>(),
            py::arg("shape"), py::arg("layers"), py::arg("embed"), py::arg("lm_head"), py::arg("final_norm"))
       .def("set_kv_caches", &LlamaForwardHandle::set_kv_caches, py::arg("keys"), py::arg("values"))
+      .def("last_step_experts", &LlamaForwardHandle::last_step_experts,
+           "Per layer, the expert ids (ascending) the last step ran; empty lists for dense layers.")
       .def("run", &LlamaForwardHandle::run, py::arg("logits"), py::arg("input_ids"), py::arg("positions"),
            py::arg("slot_mapping"), py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
            py::arg("logits_indices"), py::arg("prompt_lens") = py::none(), py::arg("rope_cos_sin") = py::none(),

@@ -21,6 +21,7 @@ PYBIND11_MODULE(_C, m) {
   mindie::host::bind_token_mask(m);
   mindie::host::bind_quant(m);
   mindie::host::bind_forward(m);
+  mindie::host::bind_moe(m);
 
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw pybind11::value_error("num_threads must be >= 1");

@@ -53,6 +53,28 @@ def tiny_qwen3_gguf(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-qwen3-moe"), "qwen3_moe", 3)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-mixtral"), "mixtral", 4)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_gguf(tiny_qwen3_moe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3-MoE as llama.cpp's converter writes it (3-D expert tensors), matrices in F32."""
+    return write_gguf(tiny_qwen3_moe_dir, tmp_path_factory.mktemp("gguf") / "tiny-qwen3-moe.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_gguf(tiny_mixtral_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Mixtral as llama.cpp's converter writes it: architecture llama with experts."""
+    return write_gguf(tiny_mixtral_dir, tmp_path_factory.mktemp("gguf") / "tiny-mixtral.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
 
@@ -87,6 +109,26 @@ def tiny_qwen3(tiny_qwen3_dir: Path) -> LoadedModel:
 def tiny_qwen3_from_gguf(tiny_qwen3_gguf: Path) -> LoadedModel:
     """The F32 GGUF on the exact path (quantization none)."""
     return load_model(str(tiny_qwen3_gguf), dtype=torch.float32, quantization="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tiny_qwen3_moe_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_qwen3_moe_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_from_gguf(tiny_qwen3_moe_gguf: Path) -> LoadedModel:
+    return load_model(str(tiny_qwen3_moe_gguf), dtype=torch.float32, quantization="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tiny_mixtral_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_mixtral_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_from_gguf(tiny_mixtral_gguf: Path) -> LoadedModel:
+    return load_model(str(tiny_mixtral_gguf), dtype=torch.float32, quantization="none")
 
 
 @pytest.fixture(scope="session")

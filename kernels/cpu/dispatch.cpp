@@ -15,6 +15,7 @@
 #include "cpu/kv_cache.h"
 #include "cpu/layers.h"
 #include "cpu/linear.h"
+#include "cpu/moe.h"
 #include "cpu/paged_attention.h"
 #include "cpu/quant.h"
 #include "cpu/sampling.h"
@@ -41,6 +42,7 @@ namespace mindie::kernels::cpu {
   MINDIE_SAMPLING_KERNELS(X)   \
   MINDIE_BEAM_SEARCH_KERNELS(X) \
   MINDIE_LAYER_KERNELS(X)       \
+  MINDIE_MOE_KERNELS(X)         \
   MINDIE_LINEAR_KERNELS(X)       \
   MINDIE_QUANT_KERNELS(X)        \
   MINDIE_TOKEN_MASK_KERNELS(X)   \

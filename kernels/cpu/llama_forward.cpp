@@ -8,6 +8,7 @@
 #include "cpu/kv_cache.h"
 #include "cpu/layers.h"
 #include "cpu/linear.h"
+#include "cpu/moe.h"
 #include "cpu/paged_attention.h"
 
 namespace mindie::kernels::cpu {
@@ -41,10 +42,34 @@ LlamaForward::LlamaForward(const LlamaShape& shape, std::vector<LlamaLayerWeight
     check_matrix(l.k, kvs, h, "k_proj");
     check_matrix(l.v, kvs, h, "v_proj");
     check_matrix(l.o, h, qs, "o_proj");
-    check_matrix(l.gate, shape.intermediate, h, "gate_proj");
-    check_matrix(l.up, shape.intermediate, h, "up_proj");
-    check_matrix(l.down, h, shape.intermediate, "down_proj");
+    const size_t experts = l.expert_gate.size();
+    if (experts == 0) {
+      check_matrix(l.gate, shape.intermediate, h, "gate_proj");
+      check_matrix(l.up, shape.intermediate, h, "up_proj");
+      check_matrix(l.down, h, shape.intermediate, "down_proj");
+      continue;
+    }
+    if (l.expert_up.size() != experts || l.expert_down.size() != experts)
+      throw std::invalid_argument("every expert needs a gate, an up and a down projection");
+    if (shape.experts_per_tok < 1 || static_cast<size_t>(shape.experts_per_tok) > experts)
+      throw std::invalid_argument("experts_per_tok must be in [1, number of experts]");
+    if (shape.expert_intermediate % 32 != 0)
+      throw std::invalid_argument("expert_intermediate must be a multiple of 32");
+    check_matrix(l.router, static_cast<int64_t>(experts), h, "router");
+    for (size_t e = 0; e < experts; ++e) {
+      check_matrix(l.expert_gate[e], shape.expert_intermediate, h, "expert gate_proj");
+      check_matrix(l.expert_up[e], shape.expert_intermediate, h, "expert up_proj");
+      check_matrix(l.expert_down[e], h, shape.expert_intermediate, "expert down_proj");
+    }
+    expert_rows_.resize(std::max(expert_rows_.size(), experts));
+    expert_slots_.resize(expert_rows_.size());
   }
+  last_experts_.resize(layers_.size());
+}
+
+std::vector<std::vector<int32_t>> LlamaForward::last_step_experts() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return last_experts_;
 }
 
 void LlamaForward::set_kv_caches(std::vector<void*> keys, std::vector<void*> values) {
@@ -134,6 +159,54 @@ void LlamaForward::embed_rows(const LlamaBatch& b) {
   }
 }
 
+void LlamaForward::moe_mlp(size_t li, const float* x, int64_t T, float* out) {
+  const LlamaLayerWeights& L = layers_[li];
+  const int E = static_cast<int>(L.expert_gate.size()), K = shape_.experts_per_tok;
+  const int64_t h = shape_.hidden, ie = shape_.expert_intermediate;
+  float* logits = sized(router_logits_, T * E);
+  project(x, T, h, RowForms{}, {{&L.router, nullptr, logits, E}});
+  float* weights = sized(route_weights_, T * K);
+  int32_t* ids = sized(route_ids_, T * K);
+  moe_route({logits, T, E, K, E, shape_.norm_topk_prob, weights, ids});
+  for (int e = 0; e < E; ++e) {
+    expert_rows_[e].clear();
+    expert_slots_[e].clear();
+  }
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) {
+      expert_rows_[ids[t * K + j]].push_back(static_cast<int32_t>(t));
+      expert_slots_[ids[t * K + j]].push_back(static_cast<int32_t>(t * K + j));
+    }
+  // A row takes the same form (bf16 or int8) in its experts as in the rest of the layer.
+  std::vector<char> row_bf16(T, token_forms_.all_bf16 ? 1 : 0);
+  for (int32_t t : token_forms_.bf16) row_bf16[t] = 1;
+  float* y = sized(routed_y_, T * K * h);
+  last_experts_[li].clear();
+  for (int e = 0; e < E; ++e) {
+    const std::vector<int32_t>& rows = expert_rows_[e];
+    const int64_t n = static_cast<int64_t>(rows.size());
+    if (n == 0) continue;  // never touched: its bytes are not read
+    last_experts_[li].push_back(e);
+    RowForms forms;
+    for (int64_t c = 0; c < n; ++c) (row_bf16[rows[c]] ? forms.bf16 : forms.int8).push_back(static_cast<int32_t>(c));
+    forms.all_bf16 = forms.int8.empty();
+    if (forms.bf16.empty() || forms.int8.empty()) {
+      forms.bf16.clear();
+      forms.int8.clear();
+    }
+    float* xe = sized(expert_x_, n * h);
+    for (int64_t c = 0; c < n; ++c) std::memcpy(xe + c * h, x + rows[c] * h, h * sizeof(float));
+    float* gate_up = sized(expert_gate_up_, n * 2 * ie);
+    project(xe, n, h, forms, {{&L.expert_gate[e], nullptr, gate_up, 2 * ie}, {&L.expert_up[e], nullptr, gate_up + ie, 2 * ie}});
+    float* act = sized(expert_act_, n * ie);
+    silu_and_mul({act, gate_up, n, ie, 2 * ie, ie, DType::kFloat32});
+    float* ye = sized(expert_y_, n * h);
+    project(act, n, ie, forms, {{&L.expert_down[e], nullptr, ye, h}});
+    for (int64_t c = 0; c < n; ++c) std::memcpy(y + expert_slots_[e][c] * h, ye + c * h, h * sizeof(float));
+  }
+  moe_combine({y, weights, ids, T, K, h, out, h});
+}
+
 void LlamaForward::run(const LlamaBatch& b) {
   std::lock_guard<std::mutex> lk(mu_);
   if (key_caches_.size() != layers_.size()) throw std::logic_error("set_kv_caches must be called before run");
@@ -182,6 +255,10 @@ void LlamaForward::run(const LlamaBatch& b) {
                      s.block_size, s.attn_scale, kAttentionPartition, DType::kFloat32, s.kv_dtype});
     project(attn, T, qsz, forms, {{&L.o, nullptr, hidden, h}});
     rms_norm({x, hidden, residual, L.post_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
+    if (!L.expert_gate.empty()) {
+      moe_mlp(li, x, T, hidden);
+      continue;
+    }
     project(x, T, h, forms, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
     silu_and_mul({act, gate_up, T, inter, 2 * inter, inter, DType::kFloat32});
     project(act, T, inter, forms, {{&L.down, nullptr, hidden, h}});

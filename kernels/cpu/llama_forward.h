@@ -40,6 +40,12 @@ struct LlamaLayerWeights {
   // before rotary; nullptr when the model has none.
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
+  // A mixture-of-experts MLP (Qwen3-MoE, Mixtral) in place of gate/up/down: the router
+  // [experts, hidden] and per expert its gate and up [expert_intermediate, hidden] and down
+  // [hidden, expert_intermediate], each a matrix of its own, so that a step reads only the bytes of
+  // the experts its rows are routed to. Empty for a dense MLP.
+  WeightMatrix router{};
+  std::vector<WeightMatrix> expert_gate, expert_up, expert_down;
 };
 
 struct LlamaShape {
@@ -51,6 +57,11 @@ struct LlamaShape {
   int block_size;
   DType kv_dtype;
   bool bf16_prompts;
+  // MoE layers: each row runs its experts_per_tok most probable experts, their weights renormalised
+  // to sum to 1 when norm_topk_prob is set (moe.h)
+  int64_t expert_intermediate = 0;
+  int experts_per_tok = 0;
+  bool norm_topk_prob = true;
 };
 
 // One step's flattened batch, as AttentionMetadata describes it (mindie/model/llama.py).
@@ -86,6 +97,9 @@ class LlamaForward {
   void set_kv_caches(std::vector<void*> keys, std::vector<void*> values);
   // Inputs are validated by the caller (ids < vocab, positions < max_position, slots and tables in range).
   void run(const LlamaBatch& batch);
+  // Per layer, the experts (ascending ids) the last step ran: a check that a step reads only the
+  // routed experts. Empty lists for dense layers.
+  std::vector<std::vector<int32_t>> last_step_experts();
 
  private:
   struct Target {
@@ -104,6 +118,9 @@ class LlamaForward {
   void project(const float* x, int64_t m, int64_t k, const RowForms& forms, std::initializer_list<Target> targets);
   void qmatmul_rows(QMatmulArgs q, const float* x, int64_t k, const std::vector<int32_t>* rows, bool bf16);
   void embed_rows(const LlamaBatch& b);
+  // Layer li's MoE MLP over x [T, hidden] into out [T, hidden]: the router, top-k, then per expert
+  // its rows gathered through gate/up -> SiLU * up -> down, and the weighted sum back per row.
+  void moe_mlp(size_t li, const float* x, int64_t T, float* out);
 
   LlamaShape shape_;
   std::vector<LlamaLayerWeights> layers_;
@@ -118,6 +135,10 @@ class LlamaForward {
   RowForms token_forms_;
   ScratchVector<int32_t> ids_;
   ScratchVector<int64_t> row_index_;  // 0..tokens-1: the rotary positions into rope_rows
+  ScratchVector<float> router_logits_, route_weights_, expert_x_, expert_gate_up_, expert_act_, expert_y_, routed_y_;
+  ScratchVector<int32_t> route_ids_;
+  std::vector<std::vector<int32_t>> expert_rows_, expert_slots_;  // per expert: its rows, and their (row, j) slots
+  std::vector<std::vector<int32_t>> last_experts_;
 };
 
 }  // namespace mindie::kernels::cpu

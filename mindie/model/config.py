@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama | mistral | qwen2 | qwen3
+    architecture: str  # llama (Mixtral too) | mistral | qwen2 | qwen3 | qwen3moe
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -30,6 +30,17 @@ class ModelConfig:
     # Qwen3: an RMSNorm over each q and k head (weights q_norm / k_norm [head_dim]) between the
     # projection and rotary
     qk_norm: bool = False
+    # Mixture of experts (Qwen3-MoE, Mixtral; 0 experts: every MLP is dense): a layer's MLP is
+    # num_experts experts of moe_intermediate_size, each row running its num_experts_per_tok most
+    # probable ones, their weights renormalised to sum to 1 with norm_topk_prob. Layers in
+    # mlp_only_layers, or whose index + 1 is not a multiple of decoder_sparse_step, keep a dense MLP
+    # of intermediate_size (Qwen3-MoE's knobs, as transformers reads them).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -38,6 +49,10 @@ class ModelConfig:
             )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
     def q_size(self) -> int:

@@ -17,6 +17,7 @@ import torch
 
 from mindie.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from mindie.model.gguf_header import GGUFHeader, read_header
+from mindie.model.moe import expert_name
 from mindie.model.quantized import GGML_F16, GGML_F32, QUANTIZED_FORMATS, QuantizedWeight, from_gguf_tensor
 
 # What the exact path dequantizes (with the gguf package): every format the quantized path reads.
@@ -37,7 +38,11 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",  # the MoE router
 }
+# MoE experts: one 3-D tensor [experts, rows, cols] per projection, split into one matrix per expert
+_EXPERT_NAMES = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+                 "ffn_down_exps.weight": "down_proj"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -59,6 +64,14 @@ def _hf_name(name: str) -> str:
     if m is None or m.group(2) not in _LAYER_NAMES:
         raise ValueError(f"GGUF tensor {name!r} is not part of a supported Llama-family model")
     return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+
+
+def _expert_names(name: str, experts: int) -> list[str] | None:
+    """The per-expert names of a 3-D expert tensor; None for any other tensor."""
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+    if m is None or m.group(2) not in _EXPERT_NAMES:
+        return None
+    return [expert_name(int(m.group(1)), e, _EXPERT_NAMES[m.group(2)]) for e in range(experts)]
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -99,6 +112,23 @@ def _config(path: str, header: GGUFHeader) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         qk_norm="blk.0.attn_q_norm.weight" in names,
+        **_moe_fields(meta, names),
+    )
+
+
+def _moe_fields(meta: Any, names: set[str]) -> dict[str, Any]:
+    """ModelConfig's MoE fields from llama.cpp's keys; a layer without a router (ffn_gate_inp) keeps
+    a dense MLP. llama.cpp renormalises the top-k weights of qwen3moe and llama (Mixtral) models."""
+    experts = int(meta("expert_count", 0))
+    if experts == 0:
+        return {}
+    layers = int(meta("block_count"))
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(meta("expert_used_count")),
+        moe_intermediate_size=int(meta("expert_feed_forward_length", meta("feed_forward_length"))),
+        norm_topk_prob=bool(meta("expert_weights_norm", True)),
+        mlp_only_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
     )
 
 
@@ -137,6 +167,11 @@ def read_gguf(path: str) -> GGUFContents:
         if heads is not None:
             w = _unpermute(w, heads)
         # F32/F16 tensors come back as read-only views of the memory-mapped file.
+        experts = _expert_names(t.name, config.num_experts)
+        if experts is not None:
+            weights.update({n: torch.from_numpy(np.array(w[e], dtype=np.float32, copy=True))
+                            for e, n in enumerate(experts)})
+            continue
         weights[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
     return GGUFContents(config, weights, _metadata(header))
 
@@ -163,6 +198,13 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
             if t.qtype not in (GGML_F32, GGML_F16):
                 raise ValueError(f"{path}: 1-D tensor {t.name} has ggml type {t.qtype}; expected F32 or F16")
             vectors[_hf_name(t.name)] = torch.from_numpy(np.array(raw, dtype=np.float32).reshape(-1))
+            continue
+        experts = _expert_names(t.name, config.num_experts)
+        if experts is not None:  # each expert its own matrix: a step reads only its routed experts' bytes
+            for e, name in enumerate(experts):  # (a view held past the loop would keep the mapping open)
+                expert = raw.reshape(len(experts), int(t.shape[1]), -1)[e]
+                matrices[name] = from_gguf_tensor(t.qtype, expert, int(t.shape[0])).packed_in_panels()
+            del expert
             continue
         rows = int(np.prod(t.shape[1:]))
         try:

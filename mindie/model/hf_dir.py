@@ -11,7 +11,7 @@ import torch
 from mindie.model.config import ModelConfig
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                  "Qwen3ForCausalLM": "qwen3",
+                  "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
                   "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -62,8 +62,38 @@ def read_config(path: str) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
         mrope_section=mrope if any(n in VISION_ARCHITECTURES for n in names) else (),
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "qwen3moe"),
+        **_moe_fields(cfg),
     )
+
+
+def _moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's MoE fields: Qwen3-MoE names them all; Mixtral has num_local_experts experts of
+    intermediate_size in every layer and always renormalises the top-k weights."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if experts == 0:
+        return {}
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(cfg["num_experts_per_tok"]),
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+        mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+    )
+
+
+# Mixtral's checkpoint names for its MoE MLP, as Qwen3-MoE's (the names the models read)
+_MIXTRAL_NAMES = ((".block_sparse_moe.", ".mlp."), (".w1.weight", ".gate_proj.weight"),
+                  (".w3.weight", ".up_proj.weight"), (".w2.weight", ".down_proj.weight"))
+
+
+def _canonical_name(name: str) -> str:
+    if ".block_sparse_moe." not in name:
+        return name
+    for old, new in _MIXTRAL_NAMES:
+        name = name.replace(old, new)
+    return name
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
@@ -74,5 +104,5 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{path}: no *.safetensors files")
     weights: dict[str, torch.Tensor] = {}
     for name in files:
-        weights.update(load_file(os.path.join(path, name)))
+        weights.update({_canonical_name(k): w for k, w in load_file(os.path.join(path, name)).items()})
     return weights

@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, and the MoE ones: Qwen3-MoE,
+Mixtral) over a paged KV cache.
 
 One forward pass takes a flattened batch: the new tokens of every sequence back to back, with
 their positions, cache slots and block tables (`AttentionMetadata`). Prefill chunks and decode
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from mindie import ops
 from mindie.model.config import ModelConfig
+from mindie.model.moe import MoeWeights, expert_name, moe_mlp, router_name
 
 
 @dataclass
@@ -47,8 +49,9 @@ class _Layer:
     k_norm: torch.Tensor | None
     o_proj: torch.Tensor
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    gate_up: torch.Tensor | None  # [2 * intermediate, hidden]; None in an MoE layer
+    down: torch.Tensor | None
+    moe: MoeWeights | None = None  # an MoE layer's router and experts
 
 
 # Up to this many token rows, bf16 projections use ops.linear (streams the weight at memory speed);
@@ -93,6 +96,7 @@ class LlamaModel:
             bias = None
             if config.qkv_bias:
                 bias = torch.cat([take(attn + f"{n}_proj.bias") for n in "qkv"]).contiguous()
+            moe = config.is_moe_layer(i)
             self.layers.append(
                 _Layer(
                     input_norm=take(p + "input_layernorm.weight"),
@@ -102,8 +106,16 @@ class LlamaModel:
                     k_norm=take(attn + "k_norm.weight") if config.qk_norm else None,
                     o_proj=take(attn + "o_proj.weight"),
                     post_norm=take(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]).contiguous(),
-                    down=take(p + "mlp.down_proj.weight"),
+                    gate_up=None if moe else torch.cat([take(p + "mlp.gate_proj.weight"),
+                                                        take(p + "mlp.up_proj.weight")]).contiguous(),
+                    down=None if moe else take(p + "mlp.down_proj.weight"),
+                    moe=MoeWeights(
+                        router=take(router_name(i)),
+                        gate_up=torch.stack([
+                            torch.cat([take(expert_name(i, e, "gate_proj")), take(expert_name(i, e, "up_proj"))])
+                            for e in range(config.num_experts)]),
+                        down=torch.stack([take(expert_name(i, e, "down_proj")) for e in range(config.num_experts)]),
+                    ) if moe else None,
                 )
             )
         self.cos_sin = rope_cos_sin(config, config.max_position)
@@ -152,7 +164,11 @@ class LlamaModel:
             )
             hidden = linear(attn_out.view(tokens, c.q_size), layer.o_proj)
             x = ops.rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual=residual)
-            hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
+            if layer.moe is not None:
+                hidden = moe_mlp(x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob)
+            else:
+                assert layer.gate_up is not None and layer.down is not None
+                hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
         assert residual is not None
         rows = meta.logits_indices
         final = ops.rms_norm(hidden.index_select(0, rows), self.final_norm, c.rms_norm_eps,

@@ -20,6 +20,7 @@ import torch
 from mindie import _C
 from mindie.model.config import ModelConfig
 from mindie.model.llama import AttentionMetadata, rope_cos_sin
+from mindie.model.moe import EXPERT_PROJECTIONS, expert_name, router_name
 from mindie.model.quantized import QuantizedWeight
 
 # The int8 form makes two byte products per weight and value (its hi and lo planes), so it wins on
@@ -76,12 +77,22 @@ class QuantizedLlamaModel:
                 "input_norm": vector(p + "input_layernorm.weight"),
                 "post_norm": vector(p + "post_attention_layernorm.weight"),
             }
+            moe = config.is_moe_layer(i)
             for key, name in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
                               ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
                               ("down", "mlp.down_proj")):
+                if moe and name.startswith("mlp."):
+                    continue
                 w = matrix(p + name + ".weight")
                 self.matrices[p + name + ".weight"] = w
                 layer[key] = w.spec()
+            if moe:  # the router, then per expert (gate, up, down): see _C.LlamaForward
+                for name in [router_name(i)] + [expert_name(i, e, n) for e in range(config.num_experts)
+                                                for n in EXPERT_PROJECTIONS]:
+                    self.matrices[name] = matrix(name)
+                layer["router"] = self.matrices[router_name(i)].spec()
+                layer["experts"] = [tuple(self.matrices[expert_name(i, e, n)].spec() for n in EXPERT_PROJECTIONS)
+                                    for e in range(config.num_experts)]
             for key in "qkv":
                 layer[f"{key}_bias"] = vector(p + f"self_attn.{key}_proj.bias") if config.qkv_bias else None
             for key in ("q_norm", "k_norm"):
@@ -119,11 +130,19 @@ class QuantizedLlamaModel:
             "attn_scale": 1.0 / math.sqrt(c.head_dim), "block_size": block_size, "cos_sin": self._cos_sin,
             "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
             "bf16_prompts": self.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16(),
+            "expert_intermediate": c.moe_intermediate_size, "experts_per_tok": c.num_experts_per_tok,
+            "norm_topk_prob": c.norm_topk_prob,
         }
         step = _C.LlamaForward(dims, self._layers, self.embed.spec(), self.lm_head.spec(), self._final_norm)
         step.set_kv_caches([k for k, _ in caches], [v for _, v in caches])
         self._step, self._caches = step, caches
         return caches
+
+    def last_step_experts(self) -> list[list[int]]:
+        """Per layer, the experts (ascending ids) the last forward ran; empty for dense layers."""
+        if self._step is None:
+            raise ValueError("no step has run: allocate_kv_cache first")
+        return self._step.last_step_experts()
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -115,7 +115,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _load_quantized(source: str, quantization: str, dtype: torch.dtype) -> tuple[QuantizedLlamaModel, Tokenizer]:
-    from mindie.model.quantized import quantize_dense
+    from mindie.model.moe import is_router
+    from mindie.model.quantized import GGML_F32, QuantizedWeight, quantize_dense
 
     if _is_gguf(source):
         from mindie.model.gguf_file import read_gguf_quantized
@@ -124,7 +125,8 @@ def _load_quantized(source: str, quantization: str, dtype: torch.dtype) -> tuple
         model = QuantizedLlamaModel(contents.config, contents.matrices, contents.vectors, dtype)
         return model, Tokenizer.from_gguf_metadata(contents.metadata)
     config, weights, tokenizer = load_weights(source)
-    matrices = {k: quantize_dense(w, quantization) for k, w in weights.items() if w.dim() == 2}
+    matrices = {k: QuantizedWeight(GGML_F32, w.float().contiguous(), *w.shape) if is_router(k)
+                else quantize_dense(w, quantization) for k, w in weights.items() if w.dim() == 2}
     vectors = {k: w.float() for k, w in weights.items() if w.dim() == 1}
     return QuantizedLlamaModel(config, matrices, vectors, dtype), tokenizer
 

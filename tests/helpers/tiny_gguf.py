@@ -14,8 +14,11 @@ import torch
 from mindie.model import gguf_file
 from mindie.model.hf_dir import read_weights
 
-# Architectures whose q/k rows llama.cpp stores as Hugging Face does (it permutes Llama's only).
-UNPERMUTED = ("qwen2", "qwen3")
+# Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes (Mixtral as llama,
+# with experts); it permutes the q/k rows of llama models only.
+GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+# llama.cpp's expert tensors: per MoE layer, one 3-D tensor per projection
+_EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
 
 
@@ -31,6 +34,37 @@ def _gguf_name(hf: str, table: dict[str, str]) -> str:
     if hf.startswith("model.layers."):
         return table[".".join([*parts[:2], "{}", *parts[3:]])].format(parts[2])
     return table[hf]
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's permute(): each head's rotate_half halves as interleaved rotary pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _gguf_tensors(weights: dict[str, torch.Tensor], cfg: dict, arch: str) -> dict[str, np.ndarray]:
+    """GGUF name -> float32 values: llama.cpp's names, q/k permuted for llama, experts stacked."""
+    table = _gguf_names()
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in sorted(weights.items()):
+        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue  # a tied model has no output.weight: llama.cpp reads token_embd.weight
+        if ".mlp.experts." in name:
+            continue  # stacked below
+        data = tensor.to(torch.float32).numpy()
+        gguf_name = _gguf_name(name, table)
+        if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            kv = gguf_name.endswith("attn_k.weight")
+            data = _permute(data, cfg["num_key_value_heads"] if kv else cfg["num_attention_heads"])
+        out[gguf_name] = data
+    for layer in range(cfg["num_hidden_layers"] if experts else 0):
+        if f"model.layers.{layer}.mlp.gate.weight" not in weights:
+            continue  # a dense layer
+        for projection, gguf_name in _EXPERT_TENSORS.items():
+            out[f"blk.{layer}.{gguf_name}.weight"] = np.stack([
+                weights[f"model.layers.{layer}.mlp.experts.{e}.{projection}.weight"].float().numpy()
+                for e in range(experts)])
+    return out
 
 
 def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
@@ -57,12 +91,11 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
                ) -> Path:
-    """`hf_dir` (a Qwen2 or Qwen3 checkpoint) as a GGUF file; matrices in `matrix_type` (F32, or a
-    block format the gguf package quantizes to), norms and biases F32, as llama.cpp keeps them."""
+    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE or Mixtral checkpoint) as a GGUF file; matrices in
+    `matrix_type` (F32, or a block format the gguf package quantizes to), norms, biases and routers
+    F32, as llama.cpp keeps them."""
     cfg = json.loads((hf_dir / "config.json").read_text())
-    arch = cfg["model_type"]
-    if arch not in UNPERMUTED:
-        raise ValueError(f"{arch}: only {UNPERMUTED} (llama.cpp stores their q/k rows unpermuted)")
+    arch = GGUF_ARCHITECTURES[cfg["model_type"]]
     heads = cfg["num_attention_heads"]
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(hf_dir.name)
@@ -78,16 +111,20 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
     w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     _write_tokenizer(w, hf_dir)
-    table = _gguf_names()
-    for name, tensor in sorted(read_weights(str(hf_dir)).items()):
-        if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
-            continue  # a tied model has no output.weight: llama.cpp reads token_embd.weight
-        data = tensor.to(torch.float32).numpy()
-        qtype = matrix_type if data.ndim == 2 else gguf.GGMLQuantizationType.F32
+    for name, data in _gguf_tensors(read_weights(str(hf_dir)), cfg, arch).items():
+        # routers (ffn_gate_inp) stay F32, as llama.cpp's converter and llama-quantize keep them
+        quantized = data.ndim > 1 and not name.endswith("ffn_gate_inp.weight")
+        qtype = matrix_type if quantized else gguf.GGMLQuantizationType.F32
         if qtype != gguf.GGMLQuantizationType.F32:
             data = gguf.quants.quantize(data, qtype)
-        w.add_tensor(_gguf_name(name, table), np.ascontiguousarray(data), raw_dtype=qtype)
+        w.add_tensor(name, np.ascontiguousarray(data), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

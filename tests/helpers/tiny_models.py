@@ -59,24 +59,43 @@ def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>")
 
 
 def make_tiny(path: Path, arch: str, seed: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     torch.manual_seed(seed)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
     elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=True))
-    else:  # qwen3: head_dim 32 is not hidden / heads (16), as in the real models (128 against 64 or 80)
+    elif arch == "qwen3":  # head_dim 32 is not hidden / heads (16), as in the real models (128 against 64 or 80)
         model = Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
                                              bos_token_id=None, eos_token_id=QWEN3_EOS))
+    elif arch == "qwen3_moe":  # 8 experts, 2 per token, renormalised as Qwen3-30B-A3B; layer 1 a dense MLP
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            **{**TINY, "num_hidden_layers": 3}, head_dim=32, rope_theta=1000000.0, tie_word_embeddings=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
+            bos_token_id=None, eos_token_id=QWEN3_EOS))
+    else:  # mixtral: 4 experts of intermediate_size, 2 per token, in every layer
+        model = MixtralForCausalLM(MixtralConfig(**TINY, rope_theta=1000000.0, tie_word_embeddings=False,
+                                                 num_local_experts=4, num_experts_per_tok=2))
     # Larger-than-init weights make the logits decisive, so greedy ties are not a coin toss.
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4.0 if p.dim() > 1 else 1.0)
-            if arch == "qwen3" and p.dim() == 1:  # norms away from ones, so that q_norm / k_norm count
+            if arch.startswith("qwen3") and p.dim() == 1:  # norms away from ones, so that q_norm / k_norm count
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
-    if arch == "qwen3":
+    if arch.startswith("qwen3"):
         write_byte_tokenizer(path, QWEN3_SPECIALS, QWEN3_PLAIN, QWEN3_TOKENIZER)
     else:
         write_byte_tokenizer(path)

@@ -23,10 +23,12 @@ def prompts_for(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 13, 30)]
 
 
-# (our model's fixture, the Hugging Face directory transformers loads): Qwen3 from its directory and
-# from the GGUF file llama.cpp's converter would write of it.
+# (our model's fixture, the Hugging Face directory transformers loads): Qwen3, Qwen3-MoE and Mixtral
+# from their directories and from the GGUF files llama.cpp's converter would write of them.
 MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("tiny_qwen3", "tiny_qwen3_dir"),
-          ("tiny_qwen3_from_gguf", "tiny_qwen3_dir")]
+          ("tiny_qwen3_from_gguf", "tiny_qwen3_dir"), ("tiny_qwen3_moe", "tiny_qwen3_moe_dir"),
+          ("tiny_qwen3_moe_from_gguf", "tiny_qwen3_moe_dir"), ("tiny_mixtral", "tiny_mixtral_dir"),
+          ("tiny_mixtral_from_gguf", "tiny_mixtral_dir")]
 
 
 @pytest.mark.parametrize("model,hf_dir", MODELS)
@@ -43,7 +45,7 @@ def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, reques
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral"])
 def test_batch_of_one_equals_batch_of_many(model, request):
     ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)

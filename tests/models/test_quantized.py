@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -18,6 +19,7 @@ from mindie.model import llama_quant
 from mindie.model.llama import AttentionMetadata
 from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.loader import default_model_path, load_model
+from mindie.model.moe import EXPERT_PROJECTIONS, expert_name
 
 TEXT = (Path(__file__).parent / "data" / "perplexity.txt").read_text()
 # (dtype, prompt-row form): with bfloat16 both forms, whichever the CPU's measured default is (bf16
@@ -90,33 +92,94 @@ def test_greedy_equals_exact_until_a_near_tie(exact, smollm):
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3_q8_gguf(tiny_qwen3_dir, tmp_path_factory) -> Path:
-    return write_gguf(tiny_qwen3_dir, tmp_path_factory.mktemp("gguf") / "tiny-qwen3.Q8_0.gguf",
-                      gguf.GGMLQuantizationType.Q8_0)
+def q8_gguf(tmp_path_factory) -> Callable[[Path], Path]:
+    """The Q8_0 GGUF of a tiny model's directory (routers F32, as llama.cpp keeps them), written once
+    per module."""
+    written: dict[Path, Path] = {}
+
+    def get(hf_dir: Path) -> Path:
+        if hf_dir not in written:
+            out = tmp_path_factory.mktemp("gguf") / f"{hf_dir.name}.Q8_0.gguf"
+            written[hf_dir] = write_gguf(hf_dir, out, gguf.GGMLQuantizationType.Q8_0)
+        return written[hf_dir]
+    return get
 
 
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral"])
 @pytest.mark.parametrize("source,quantization", [("gguf", "auto"), ("dir", "q8_0"), ("dir", "q4_0")])
 @pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
-def test_qwen3_quantized_follows_the_exact_path(tiny_qwen3, tiny_qwen3_dir, tiny_qwen3_q8_gguf, source,
-                                                quantization, dtype, form, monkeypatch):
-    """Qwen3 on the C++ step (q/k head norms in it): a Q8_0 GGUF kept in its format, and the Hugging Face
-    checkpoint quantized at load. With 8-bit weights: greedy-equal to the exact path until a near tie,
-    teacher-forced perplexity within 1% of the exact path's and the same top-1 at 95% of positions
-    (0.36 with the q/k head norms left out)."""
+def test_quantized_follows_the_exact_path(family, q8_gguf, source, quantization, dtype, form, monkeypatch, request):
+    """Qwen3 (q/k head norms in the C++ step), Qwen3-MoE and Mixtral (the MoE MLP in it) on the C++ step:
+    a Q8_0 GGUF kept in its format, and the Hugging Face checkpoint quantized at load. With 8-bit
+    weights: greedy-equal to the exact path until a near tie, teacher-forced perplexity within 1% of the
+    exact path's and the same top-1 at 95% of positions (Qwen3: 0.36 with the q/k head norms left out)."""
     force_prompt_form(monkeypatch, form)
-    path = tiny_qwen3_q8_gguf if source == "gguf" else tiny_qwen3_dir
+    exact_model, hf_dir = request.getfixturevalue(family).model, request.getfixturevalue(family + "_dir")
+    path = q8_gguf(hf_dir) if source == "gguf" else hf_dir
     quant = load_model(str(path), dtype, quantization)
-    assert isinstance(quant.model, QuantizedLlamaModel) and quant.config.qk_norm
-    assert set(quant.model.weight_formats) == {"Q8_0" if quantization == "auto" else quantization.upper()}
+    assert isinstance(quant.model, QuantizedLlamaModel)
+    moe_fields = ("qk_norm", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+    assert [getattr(quant.config, f) for f in moe_fields] == [getattr(exact_model.config, f) for f in moe_fields]
+    assert [quant.config.is_moe_layer(i) for i in range(quant.config.num_layers)] == [
+        exact_model.config.is_moe_layer(i) for i in range(quant.config.num_layers)]
+    routers = {"F32"} if quant.config.num_experts else set()  # kept float32, as llama.cpp keeps them
+    assert set(quant.model.weight_formats) == {"Q8_0" if quantization == "auto" else quantization.upper()} | routers
     ids = torch.randint(0, quant.config.vocab_size, (300,), generator=torch.Generator().manual_seed(3)).tolist()
-    want, got = prompt_logits(tiny_qwen3.model, ids), prompt_logits(quant.model, ids)
+    want, got = prompt_logits(exact_model, ids), prompt_logits(quant.model, ids)
     top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     if quantization == "q4_0":  # 4-bit weights move a random model's top-1 often (0.36 without the head norms)
         assert top1 >= 0.5
         return
     assert abs(perplexity(got, ids) / perplexity(want, ids) - 1) < 0.01 and top1 >= 0.95
     prompts = [[1, 2, 3, 4, 5], list(range(40, 77)), list(range(200, 213))]
-    assert_greedy_until_a_near_tie(tiny_qwen3.model, quant.model, prompts, 24)
+    assert_greedy_until_a_near_tie(exact_model, quant.model, prompts, 24)
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3_moe", "tiny_mixtral"])
+def test_batch1_decode_reads_only_the_routed_experts(family, q8_gguf, request):
+    """A batch-1 decode step runs, in each MoE layer, exactly the experts transformers routes the row
+    to (none in Qwen3-MoE's dense layer); with every other expert's bytes then overwritten (Q8_0 scales
+    of NaN), the same step gives the same logits bit for bit: their bytes were never read."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = request.getfixturevalue(family + "_dir")
+    model = load_model(str(q8_gguf(hf_dir)), "float32").model
+    config = model.config
+    prompt = list(range(40, 60))
+    n, block_size, blocks = len(prompt), 16, 4
+    caches = model.allocate_kv_cache(blocks, block_size)
+
+    def step(ids: list[int], start: int) -> torch.Tensor:
+        positions = torch.arange(start, start + len(ids))
+        meta = AttentionMetadata(
+            positions=positions, slot_mapping=positions, block_tables=torch.arange(blocks, dtype=torch.int32)[None],
+            query_start_loc=torch.tensor([0, len(ids)], dtype=torch.int32),
+            seq_lens=torch.tensor([start + len(ids)], dtype=torch.int32), logits_indices=torch.tensor([len(ids) - 1]),
+            prompt_lens=torch.tensor([n], dtype=torch.int32))
+        return model.forward(torch.tensor(ids), meta, caches)
+
+    token = int(step(prompt, 0).argmax())
+    logits = step([token], n)
+    ran = model.last_step_experts()
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    routed: dict[int, list[int]] = {}
+    for i, layer in enumerate(hf.model.layers):
+        if hasattr(layer.mlp, "gate") and hasattr(layer.mlp, "experts"):  # routers return (logits, weights, ids)
+            layer.mlp.gate.register_forward_hook(
+                lambda _m, _args, out, i=i: routed.__setitem__(i, sorted(out[2][-1].tolist())))
+    with torch.no_grad():
+        hf(torch.tensor([prompt + [token]]))
+    assert len(ran) == config.num_layers
+    for layer, experts in enumerate(ran):
+        if not config.is_moe_layer(layer):
+            assert experts == [] and layer not in routed
+            continue
+        assert experts == routed[layer] and len(experts) == config.num_experts_per_tok < config.num_experts
+        for expert in set(range(config.num_experts)) - set(experts):
+            for projection in EXPERT_PROJECTIONS:
+                model.matrices[expert_name(layer, expert, projection)].data.fill_(0xFF)
+    again = step([token], n)
+    assert torch.isfinite(logits).all() and torch.equal(again, logits)
 
 
 def test_weights_stay_in_their_formats(smollm):
@@ -143,14 +206,17 @@ def test_hf_checkpoint_quantized_at_load(tiny_llama_dir):
         load_model(None, "float32", "q8_0")
 
 
+@pytest.mark.parametrize("family", [None, "tiny_qwen3_moe", "tiny_mixtral"])
 @pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
-def test_prompt_and_generated_rows_keep_their_bits_in_mixed_steps(dtype, form, monkeypatch):
+def test_prompt_and_generated_rows_keep_their_bits_in_mixed_steps(family, dtype, form, q8_gguf, monkeypatch, request):
     """In 8-token chunks, the short prompt decodes while the long one is still prefilling (in the bf16
     form, its rows take the bf16 path beside the other's int8 decode row): each sequence's tokens and
-    log-probabilities are the same bits as when it runs alone."""
+    log-probabilities are the same bits as when it runs alone. On the embedded SmolLM2 and on the MoE
+    models' Q8_0 GGUFs (there the rows also share experts)."""
     force_prompt_form(monkeypatch, form)
-    model = load_model(None, dtype).model
-    short, long = list(range(1000, 1005)), list(range(2000, 2037))
+    model = load_model(None if family is None else str(q8_gguf(request.getfixturevalue(family + "_dir"))), dtype).model
+    vocab = model.config.vocab_size
+    short, long = [i % vocab for i in range(1000, 1005)], [i % vocab for i in range(2000, 2037)]
     together, together_lp = run_greedy(model, [short, long], 12, block_size=16, chunk=8)
     for i, prompt in enumerate((short, long)):
         alone, alone_lp = run_greedy(model, [prompt], 12, block_size=16, chunk=8)
