@@ -27,6 +27,8 @@ def paged_attention(
     seq_lens: Tensor,
     scale: float,
     partition_size: int = 0,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> None: ...
 
 # --- layers ---
@@ -36,6 +38,7 @@ def rotary_embedding(
     positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor, neox: bool = True
 ) -> None: ...
 def silu_and_mul(out: Tensor, x: Tensor) -> None: ...
+def gelu_tanh_and_mul(out: Tensor, x: Tensor) -> None: ...
 def linear(out: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> None: ...
 
 # --- sampling ---

@@ -40,6 +40,12 @@ struct LlamaLayerWeights {
   // before rotary; nullptr when the model has none.
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
+  // Gemma 3's sandwich norms: RMSNorm on the attention output and on the MLP output before each
+  // residual add; nullptr when the model has none.
+  const float* post_attn_norm = nullptr;
+  const float* post_ffn_norm = nullptr;
+  int window = 0;                  // sliding-window layer (PagedAttentionArgs::window); 0: global
+  const float* cos_sin = nullptr;  // this layer's rotary table, as LlamaShape::cos_sin; nullptr: that one
 };
 
 struct LlamaShape {
@@ -51,6 +57,10 @@ struct LlamaShape {
   int block_size;
   DType kv_dtype;
   bool bf16_prompts;
+  bool gelu = false;           // the gate's activation: gelu_tanh (GeGLU), else silu
+  float embed_scale = 1.f;     // token embeddings times this (Gemma: sqrt(hidden))
+  float attn_softcap = 0.f;    // PagedAttentionArgs::softcap
+  float final_softcap = 0.f;   // logits -> cap * tanh(logits / cap); 0: off
 };
 
 // One step's flattened batch, as AttentionMetadata describes it (mindie/model/llama.py).

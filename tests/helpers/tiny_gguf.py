@@ -14,15 +14,16 @@ import torch
 from mindie.model import gguf_file
 from mindie.model.hf_dir import read_weights
 
-# Architectures whose q/k rows llama.cpp stores as Hugging Face does (it permutes Llama's only).
-UNPERMUTED = ("qwen2", "qwen3")
+# Architectures whose q/k rows llama.cpp stores as Hugging Face does (it permutes Llama's only), by
+# config.json model_type -> GGUF architecture.
+UNPERMUTED = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
 
 
-def _gguf_names() -> dict[str, str]:
+def _gguf_names(arch: str) -> dict[str, str]:
     """Hugging Face name -> GGUF name, with {} for the layer index."""
     names = {hf: name for name, hf in gguf_file._GLOBAL_NAMES.items()}
-    names.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{name}" for name, hf in gguf_file._LAYER_NAMES.items()})
+    names.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{name}" for name, hf in gguf_file.layer_names(arch).items()})
     return names
 
 
@@ -57,12 +58,12 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
                ) -> Path:
-    """`hf_dir` (a Qwen2 or Qwen3 checkpoint) as a GGUF file; matrices in `matrix_type` (F32, or a
-    block format the gguf package quantizes to), norms and biases F32, as llama.cpp keeps them."""
+    """`hf_dir` (a Qwen2, Qwen3 or Gemma 3 checkpoint) as a GGUF file; matrices in `matrix_type` (F32, or
+    a block format the gguf package quantizes to), norms and biases F32, as llama.cpp keeps them."""
     cfg = json.loads((hf_dir / "config.json").read_text())
-    arch = cfg["model_type"]
-    if arch not in UNPERMUTED:
-        raise ValueError(f"{arch}: only {UNPERMUTED} (llama.cpp stores their q/k rows unpermuted)")
+    if cfg["model_type"] not in UNPERMUTED:
+        raise ValueError(f"{cfg['model_type']}: only {list(UNPERMUTED)} (llama.cpp stores their q/k rows unpermuted)")
+    arch = UNPERMUTED[cfg["model_type"]]
     heads = cfg["num_attention_heads"]
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(hf_dir.name)
@@ -75,14 +76,25 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    rope = cfg.get("rope_parameters") or {}
+    full = rope.get("full_attention", rope)
+    w.add_rope_freq_base(cfg.get("rope_theta") or full["rope_theta"])
+    if full.get("rope_type") == "linear":  # as TextModel.set_gguf_parameters writes it
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    if arch == "gemma3":  # as Gemma3Model.set_gguf_parameters; llama.cpp's default layer pattern (every 6th global)
+        w.add_sliding_window(cfg["sliding_window"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     _write_tokenizer(w, hf_dir)
-    table = _gguf_names()
+    table = _gguf_names(arch)
     for name, tensor in sorted(read_weights(str(hf_dir)).items()):
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue  # a tied model has no output.weight: llama.cpp reads token_embd.weight
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            tensor = tensor + 1  # the converter's norm_shift: Gemma3RMSNorm multiplies by 1 + weight
         data = tensor.to(torch.float32).numpy()
         qtype = matrix_type if data.ndim == 2 else gguf.GGMLQuantizationType.F32
         if qtype != gguf.GGMLQuantizationType.F32:

@@ -26,7 +26,8 @@ def prompts_for(vocab: int) -> list[list[int]]:
 # (our model's fixture, the Hugging Face directory transformers loads): Qwen3 from its directory and
 # from the GGUF file llama.cpp's converter would write of it.
 MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("tiny_qwen3", "tiny_qwen3_dir"),
-          ("tiny_qwen3_from_gguf", "tiny_qwen3_dir")]
+          ("tiny_qwen3_from_gguf", "tiny_qwen3_dir"), ("tiny_gemma3", "tiny_gemma3_dir"),
+          ("tiny_gemma3_from_gguf", "tiny_gemma3_dir")]
 
 
 @pytest.mark.parametrize("model,hf_dir", MODELS)
@@ -43,7 +44,7 @@ def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, reques
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_gemma3"])
 def test_batch_of_one_equals_batch_of_many(model, request):
     ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)
