@@ -9,8 +9,9 @@ rotate_half layout) serves GGUF and safetensors weights alike.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -213,7 +214,8 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
         if len(t.shape) == 1:
             if t.qtype not in (GGML_F32, GGML_F16):
                 raise ValueError(f"{path}: 1-D tensor {t.name} has ggml type {t.qtype}; expected F32 or F16")
-            vectors[_hf_name(t.name, config.architecture)] = torch.from_numpy(np.array(raw, dtype=np.float32).reshape(-1))
+            vectors[_hf_name(t.name, config.architecture)] = torch.from_numpy(
+                np.array(raw, dtype=np.float32).reshape(-1))
             continue
         rows = int(np.prod(t.shape[1:]))
         try:

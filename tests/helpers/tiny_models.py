@@ -55,8 +55,8 @@ GEMMA3_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"
 # reads a GGUF); linear scaling of the global layers' rotary; the final logits soft-capped.
 GEMMA3 = dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, sliding_window=11,
               final_logit_softcapping=30.0, tie_word_embeddings=True,
-              bos_token_id=256 + GEMMA3_SPECIALS.index("<bos>"), eos_token_id=256 + GEMMA3_SPECIALS.index("<end_of_turn>"),
-              pad_token_id=256,
+              bos_token_id=256 + GEMMA3_SPECIALS.index("<bos>"),
+              eos_token_id=256 + GEMMA3_SPECIALS.index("<end_of_turn>"), pad_token_id=256,
               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 
@@ -108,6 +108,8 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
                 p.uniform_(0.5, 1.5)
             if arch == "gemma3" and p.dim() == 1:  # Gemma's (1 + w) norms are zeros at init
                 p.uniform_(-0.5, 0.5)
+        if arch == "gemma3":  # its tied head reads unit-RMS rows: larger rows make the logits decisive
+            model.get_input_embeddings().weight.mul_(4.0)
     model.save_pretrained(path, safe_serialization=True)
     if arch == "gemma3":
         write_byte_tokenizer(path, GEMMA3_SPECIALS, config=GEMMA3_TOKENIZER)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers.tiny_models import hf_greedy, run_greedy
@@ -53,6 +55,17 @@ def test_batch_of_one_equals_batch_of_many(model, request):
     assert together == alone
 
 
+def test_gemma3_parity_prompts_depend_on_the_window(tiny_gemma3_dir):
+    """The parity prompts run past the tiny Gemma 3's window: attending to every key instead moves its
+    log-probabilities far past the parity test's 1e-3, so that test checks the windowed attention."""
+    config, weights, _ = load_weights(str(tiny_gemma3_dir))
+    prompts = prompts_for(config.vocab_size)
+    _, windowed = run_greedy(LlamaModel(config, weights, torch.float32), prompts, 16)
+    _, unwindowed = run_greedy(LlamaModel(dataclasses.replace(config, sliding_window=0), weights, torch.float32),
+                               prompts, 16)
+    assert max(abs(a - b) for w, u in zip(windowed, unwindowed) for a, b in zip(w, u)) > 0.05
+
+
 def test_embedded_model_matches_transformers():
     """SmolLM2-135M-Instruct from its GGUF (Q4_1/Q8_0 dequantized to float32) against
     transformers' LlamaForCausalLM holding the same weights."""
@@ -81,3 +94,11 @@ def test_embedded_model_matches_transformers():
         assert tokens == want
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
     assert "Paris" in tok.decode(got[0])
+
+
+def test_gemma3_chat_template_from_directory_and_gguf(tiny_gemma3, tiny_gemma3_from_gguf):
+    messages = [{"role": "user", "content": "Hi"}]
+    text = tiny_gemma3.tokenizer.apply_chat_template(messages)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tiny_gemma3_from_gguf.tokenizer.apply_chat_template(messages) == text
+    assert tiny_gemma3.tokenizer.encode(text) == tiny_gemma3_from_gguf.tokenizer.encode(text)
