@@ -47,12 +47,8 @@ def write_tokenizer(path: Path, template_json: bool = False) -> None:
 
 
 def make_tiny_vl(path: Path, qwen25: bool, seed: int = 0) -> Path:
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-    )
+    from transformers import (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig,
+                              Qwen2VLForConditionalGeneration)
 
     torch.manual_seed(seed)
     text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
