@@ -11,7 +11,7 @@ namespace kc = kernels::cpu;
 void paged_attention(py::handle out_obj, py::handle query_obj, py::handle key_cache_obj,
                      py::handle value_cache_obj, py::handle block_tables_obj,
                      py::handle query_start_loc_obj, py::handle seq_lens_obj, double scale,
-                     int partition_size) {
+                     int partition_size, int window, double softcap) {
   Tensor out(out_obj, "out"), query(query_obj, "query");
   Tensor key_cache(key_cache_obj, "key_cache"), value_cache(value_cache_obj, "value_cache");
   Tensor tables(block_tables_obj, "block_tables"), qsl(query_start_loc_obj, "query_start_loc");
@@ -68,12 +68,15 @@ void paged_attention(py::handle out_obj, py::handle query_obj, py::handle key_ca
   }
   if (!std::isfinite(scale) || scale <= 0) fail("scale must be a finite positive number");
   if (partition_size < 0) fail("partition_size must be >= 0 (0 chooses automatically)");
+  if (window < 0) fail("window must be >= 0 (0: no sliding window)");
+  if (!std::isfinite(softcap) || softcap < 0) fail("softcap must be a finite number >= 0 (0: off)");
 
   kc::PagedAttentionArgs args{query.data(), query.stride(0), key_cache.data(), value_cache.data(),
                               bt, tables.stride(0), starts, seq_lens, out.data(), out.stride(0),
                               num_seqs, static_cast<int>(num_heads), static_cast<int>(kv_heads),
                               static_cast<int>(head_dim), static_cast<int>(block_size),
-                              static_cast<float>(scale), partition_size, q_dtype, kv_dtype};
+                              static_cast<float>(scale), partition_size, q_dtype, kv_dtype, window,
+                              static_cast<float>(softcap)};
   py::gil_scoped_release nogil;
   kc::paged_attention(args);
 }
@@ -83,11 +86,13 @@ void paged_attention(py::handle out_obj, py::handle query_obj, py::handle key_ca
 void bind_attention(py::module_& m) {
   m.def("paged_attention", &paged_attention, py::arg("out"), py::arg("query"), py::arg("key_cache"),
         py::arg("value_cache"), py::arg("block_tables"), py::arg("query_start_loc"), py::arg("seq_lens"),
-        py::arg("scale"), py::arg("partition_size") = 0,
+        py::arg("scale"), py::arg("partition_size") = 0, py::arg("window") = 0, py::arg("softcap") = 0.0,
         "Causal paged attention for a flattened batch: query [num_tokens, num_heads, head_dim], "
         "caches [num_blocks, block_size, kv_heads, head_dim], block_tables int32 [num_seqs, max_blocks], "
         "query_start_loc int32 [num_seqs + 1], seq_lens int32 [num_seqs] (context incl. the new "
-        "tokens, already written to the cache). Writes out [num_tokens, num_heads, head_dim].");
+        "tokens, already written to the cache). Writes out [num_tokens, num_heads, head_dim]. window > 0: "
+        "a query at position p sees keys p - window + 1..p only; softcap > 0: scores become "
+        "softcap * tanh(score / softcap).");
 }
 
 }  // namespace mindie::host

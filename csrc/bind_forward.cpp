@@ -34,6 +34,11 @@ class LlamaForwardHandle {
     s.expert_intermediate = shape.attr("get")("expert_intermediate", 0).cast<int64_t>();
     s.experts_per_tok = shape.attr("get")("experts_per_tok", 0).cast<int>();
     s.norm_topk_prob = shape.attr("get")("norm_topk_prob", true).cast<bool>();
+    // optional keys (Gemma 3), absent for a Llama-shaped model
+    s.gelu = shape.attr("get")("gelu", false).cast<bool>();
+    s.embed_scale = shape.attr("get")("embed_scale", 1.0).cast<float>();
+    s.attn_softcap = shape.attr("get")("attn_softcap", 0.0).cast<float>();
+    s.final_softcap = shape.attr("get")("final_softcap", 0.0).cast<float>();
     Tensor cos_sin(shape["cos_sin"], "cos_sin");
     cos_sin.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim");
     s.cos_sin = cos_sin.ptr<float>();
@@ -71,6 +76,17 @@ class LlamaForwardHandle {
       // optional keys: a layer spec without them (or with None) has no q/k head norm
       if (!d.attr("get")("q_norm").is_none()) l.q_norm = vector(d["q_norm"], s.head_dim, "q_norm");
       if (!d.attr("get")("k_norm").is_none()) l.k_norm = vector(d["k_norm"], s.head_dim, "k_norm");
+      if (!d.attr("get")("post_attn_norm").is_none()) l.post_attn_norm = vector(d["post_attn_norm"], s.hidden, "post_attn_norm");
+      if (!d.attr("get")("post_ffn_norm").is_none()) l.post_ffn_norm = vector(d["post_ffn_norm"], s.hidden, "post_ffn_norm");
+      l.window = d.attr("get")("window", 0).cast<int>();
+      if (l.window < 0) fail("window must be >= 0");
+      if (!d.attr("get")("cos_sin").is_none()) {
+        Tensor table(d["cos_sin"], "layer cos_sin");
+        table.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim")
+            .expect_size(0, s.max_position, "the shape's cos_sin rows");
+        keep(d["cos_sin"]);
+        l.cos_sin = table.ptr<float>();
+      }
       ls.push_back(l);
     }
     const float* norm = vector(final_norm, s.hidden, "final_norm");

@@ -80,7 +80,9 @@ void rotary_embedding(py::handle positions_obj, py::handle query_obj, py::handle
   kc::rotary_embedding(args);
 }
 
-void silu_and_mul(py::handle out_obj, py::handle x_obj) {
+// silu_and_mul or gelu_tanh_and_mul: the gated activation over x's gate and up halves.
+template <void (*Kernel)(const kc::SiluMulArgs&)>
+void gated_and_mul(py::handle out_obj, py::handle x_obj) {
   Tensor out(out_obj, "out"), x(x_obj, "x");
   x.expect_ndim(2).expect_inner_contiguous(1);
   if (x.size(1) % 2 != 0) fail("x: the last dimension must be even (gate and up halves)");
@@ -90,7 +92,7 @@ void silu_and_mul(py::handle out_obj, py::handle x_obj) {
   if (out.float_dtype() != dtype) fail("out: dtype must match x");
   kc::SiluMulArgs args{out.data(), x.data(), tokens, inter, x.stride(0), out_stride, dtype};
   py::gil_scoped_release nogil;
-  kc::silu_and_mul(args);
+  Kernel(args);
 }
 
 }  // namespace
@@ -107,8 +109,10 @@ void bind_layers(py::module_& m) {
         py::arg("cos_sin_cache"), py::arg("neox") = true,
         "Rotates query [tokens, q_heads, head_dim] and key [tokens, k_heads, head_dim] in place; "
         "cos_sin_cache float32 [max_position, rot_dim] holds cos then sin.");
-  m.def("silu_and_mul", &silu_and_mul, py::arg("out"), py::arg("x"),
+  m.def("silu_and_mul", &gated_and_mul<kc::silu_and_mul>, py::arg("out"), py::arg("x"),
         "out [tokens, inter] = silu(x[:, :inter]) * x[:, inter:].");
+  m.def("gelu_tanh_and_mul", &gated_and_mul<kc::gelu_tanh_and_mul>, py::arg("out"), py::arg("x"),
+        "out [tokens, inter] = gelu_tanh(x[:, :inter]) * x[:, inter:] (GeGLU, tanh-approximated GELU).");
 }
 
 }  // namespace mindie::host

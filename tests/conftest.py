@@ -75,6 +75,17 @@ def tiny_mixtral_gguf(tiny_mixtral_dir: Path, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", 3)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_gguf(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Gemma 3 as llama.cpp's converter writes it (norms stored as 1 + w), matrices in F32."""
+    return write_gguf(tiny_gemma3_dir, tmp_path_factory.mktemp("gguf") / "tiny-gemma3.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
 
@@ -129,6 +140,16 @@ def tiny_mixtral(tiny_mixtral_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_mixtral_from_gguf(tiny_mixtral_gguf: Path) -> LoadedModel:
     return load_model(str(tiny_mixtral_gguf), dtype=torch.float32, quantization="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tiny_gemma3_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_gemma3_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_from_gguf(tiny_gemma3_gguf: Path) -> LoadedModel:
+    return load_model(str(tiny_gemma3_gguf), dtype=torch.float32, quantization="none")
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ struct OnlineSoftmax {
   float* l;
   float* acc;
   int head_dim;
+  float softcap = 0.f;  // PagedAttentionArgs::softcap
 
   void init(int rows) {
     std::fill(m, m + rows, -INFINITY);
@@ -57,6 +58,9 @@ struct OnlineSoftmax {
   }
   // The same without touching acc, for callers that keep the accumulator elsewhere.
   bool update_scores(int r, float* s, int n) {
+    if (softcap > 0.f)  // masked scores stay -inf
+      for (int i = 0; i < n; ++i)
+        if (s[i] != -INFINITY) s[i] = softcap * std::tanh(s[i] / softcap);
     const float bm = row_max(s, n);
     if (bm == -INFINITY) return false;
     const float m_new = std::max(m[r], bm);
@@ -90,6 +94,7 @@ class AttentionView {
         row_(static_cast<int64_t>(a.kv_heads) * a.head_dim) {}
 
   int head_dim() const { return D_; }
+  int window() const { return a_.window; }
 
  protected:
   int query_len(int64_t s) const { return a_.query_start_loc[s + 1] - a_.query_start_loc[s]; }

@@ -51,7 +51,7 @@ class Decode : AttentionView<Q, KV> {
     float* acc = qf + H * D_;
     float* ml = acc + H * D_;
     float* s = ml + 2 * H;  // [G][BS] scores, reused per kv head, then [BS][4] for decode_fixed
-    OnlineSoftmax sm{ml, ml + H, acc, D_};
+    OnlineSoftmax sm{ml, ml + H, acc, D_, a_.softcap};
     sm.init(H);
     const int64_t token = a_.query_start_loc[w.seq];
     load_scaled(qf, q_ + token * a_.q_token_stride, a_.scale, H * D_);

@@ -40,14 +40,17 @@ class Prefill : AttentionView<Q, KV> {
     float* ml = s + static_cast<int64_t>(rows) * NP;
     float* kt = ml + 2 * rows;    // [D][NP]
     float* vf = kt + static_cast<int64_t>(D_) * NP;  // [BS][D]
-    OnlineSoftmax sm{ml, ml + rows, acc, D_};
+    OnlineSoftmax sm{ml, ml + rows, acc, D_, a_.softcap};
     sm.init(rows);
     const int q_len = query_len(w.seq);
     const int first_pos = a_.seq_lens[w.seq] - q_len;  // position of query 0
     const int64_t token0 = a_.query_start_loc[w.seq] + w.begin;
     for (int i = w.begin; i < w.end; ++i) load_queries(qf + (i - w.begin) * G * D_, token0 + i - w.begin, w.kv_head);
     const int last_pos = first_pos + w.end - 1;
-    for (int b0 = 0; b0 <= last_pos; b0 += BS) {
+    // The first key a row sees: 0, or on a sliding-window layer its position - window + 1. Blocks
+    // before the tile's first row's window are skipped.
+    const auto first_key = [&](int r) { return a_.window > 0 ? first_pos + w.begin + r / G - a_.window + 1 : 0; };
+    for (int b0 = std::max(0, first_key(0)) / BS * BS; b0 <= last_pos; b0 += BS) {
       const int n = std::min(BS, last_pos + 1 - b0);
       transpose_block(kt, NP, key_row(w.seq, b0, w.kv_head), n);
       const KV* v = value_row(w.seq, b0, w.kv_head);
@@ -66,7 +69,9 @@ class Prefill : AttentionView<Q, KV> {
         for (int r = r0; r < r0 + rt; ++r) {
           float* row = s + static_cast<int64_t>(r) * NP;
           std::fill(row + valid(r), row + vmax, -INFINITY);
-          sm.update(r, row, vmax);  // a row sees at least its block's first key
+          std::fill(row, row + std::clamp(first_key(r) - b0, 0, vmax), -INFINITY);
+          // A row whose window starts past this block sees none of it: probabilities 0.
+          if (!sm.update(r, row, vmax)) std::fill(row, row + vmax, 0.f);
         }
         accumulate_rows(rt, acc + r0 * D_, sr, NP, vf, vmax);
       }
@@ -184,8 +189,9 @@ class Prefill : AttentionView<Q, KV> {
 template <typename Q, typename KV>
 void prefill_tile(const AttentionView<Q, KV>& view, const WorkItem& w) {
 #if defined(MINDIE_AMX)
+  // Sliding windows take the float32 tiles: the AMX tiles mask causally only.
   if constexpr (std::is_same_v<KV, bf16_t>)
-    if (prefill_on_amx(view.head_dim())) return prefill_tile_amx<Q>(view, w);
+    if (view.window() == 0 && prefill_on_amx(view.head_dim())) return prefill_tile_amx<Q>(view, w);
 #endif
   Prefill<Q, KV>(view).prefill(w);
 }

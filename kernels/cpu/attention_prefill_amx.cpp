@@ -54,7 +54,7 @@ class PrefillAmx : AttentionView<Q, bf16_t> {
     bf16_t* plo = phi + kTileRows * kKeyStep;
     bf16_t* kt = plo + kTileRows * kKeyStep;
     bf16_t* vt = kt + key_tiles;
-    OnlineSoftmax sm{ml, ml + rows, acc, D};
+    OnlineSoftmax sm{ml, ml + rows, acc, D, a_.softcap};
     sm.init(rows);
 
     const int first_pos = a_.seq_lens[w.seq] - query_len(w.seq);  // position of query 0

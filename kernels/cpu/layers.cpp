@@ -1,5 +1,6 @@
 #include "cpu/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -109,8 +110,21 @@ void rotate_rows(const RotaryArgs& a) {
   });
 }
 
-template <typename T>
-void silu_mul_rows(const SiluMulArgs& a) {
+// Both gates are x * sigmoid(z): silu with z = x, gelu_tanh with z = 2 sqrt(2 / pi) (x + 0.044715 x^3),
+// since 0.5 (1 + tanh(y)) = sigmoid(2 y). VecF::exp clamps, so a large -z gives a gate of 0, not NaN.
+struct SiluGate {
+  static VecF z(VecF x) { return x; }
+  static float z(float x) { return x; }
+};
+struct GeluTanhGate {
+  static constexpr float kA = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+  static constexpr float kB = 0.044715f * kA;
+  static VecF z(VecF x) { return x * VecF::fma(VecF::set1(kB), x * x, VecF::set1(kA)); }
+  static float z(float x) { return x * (kA + kB * x * x); }
+};
+
+template <typename Gate, typename T>
+void gated_mul_rows(const SiluMulArgs& a) {
   constexpr int W = VecF::W;
   const int n = static_cast<int>(a.inter);
   parallel_for(a.tokens, 4, [&](int64_t begin, int64_t end) {
@@ -122,11 +136,11 @@ void silu_mul_rows(const SiluMulArgs& a) {
       int i = 0;
       for (; i + W <= n; i += W) {
         VecF x = VecF::load(g + i);
-        (x / (one + VecF::exp(zero - x)) * VecF::load(u + i)).store(out + i);
+        (x / (one + VecF::exp(zero - Gate::z(x))) * VecF::load(u + i)).store(out + i);
       }
       for (; i < n; ++i) {
         const float x = load1(g + i);
-        store1(out + i, x / (1.f + std::exp(-x)) * load1(u + i));
+        store1(out + i, x / (1.f + std::exp(std::min(-Gate::z(x), 88.7f))) * load1(u + i));
       }
     }
   });
@@ -151,7 +165,11 @@ void rotary_embedding(const RotaryArgs& a) {
 }
 
 void silu_and_mul(const SiluMulArgs& a) {
-  a.dtype == DType::kFloat32 ? silu_mul_rows<float>(a) : silu_mul_rows<bf16_t>(a);
+  a.dtype == DType::kFloat32 ? gated_mul_rows<SiluGate, float>(a) : gated_mul_rows<SiluGate, bf16_t>(a);
+}
+
+void gelu_tanh_and_mul(const SiluMulArgs& a) {
+  a.dtype == DType::kFloat32 ? gated_mul_rows<GeluTanhGate, float>(a) : gated_mul_rows<GeluTanhGate, bf16_t>(a);
 }
 
 }  // namespace MINDIE_ISA_NS

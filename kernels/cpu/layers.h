@@ -54,7 +54,8 @@ struct RotaryArgs {
   DType dtype;
 };
 
-// out[t, i] = silu(x[t, i]) * x[t, inter + i]
+// out[t, i] = silu(x[t, i]) * x[t, inter + i]; gelu_tanh_and_mul (Gemma's GeGLU) takes the same
+// arguments with gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) on the gate.
 struct SiluMulArgs {
   void* out;       // [tokens, inter]
   const void* x;   // [tokens, 2 * inter]
@@ -67,9 +68,10 @@ void rms_norm(const RmsNormArgs& args);
 void head_rms_norm(const HeadRmsNormArgs& args);
 void rotary_embedding(const RotaryArgs& args);
 void silu_and_mul(const SiluMulArgs& args);
+void gelu_tanh_and_mul(const SiluMulArgs& args);
 
 #define MINDIE_LAYER_KERNELS(X)                                                                       \
   X(rms_norm, RmsNormArgs) X(head_rms_norm, HeadRmsNormArgs) X(rotary_embedding, RotaryArgs) \
-  X(silu_and_mul, SiluMulArgs)
+  X(silu_and_mul, SiluMulArgs) X(gelu_tanh_and_mul, SiluMulArgs)
 
 }  // namespace mindie::kernels::cpu

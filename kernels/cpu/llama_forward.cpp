@@ -1,6 +1,7 @@
 #include "cpu/llama_forward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -222,6 +223,8 @@ void LlamaForward::run(const LlamaBatch& b) {
   float* attn = sized(attn_, T * qsz);
   float* gate_up = sized(gate_up_, T * 2 * inter);
   float* act = sized(act_, T * inter);
+  if (s.embed_scale != 1.f)  // before the media rows, which come scaled as they are
+    for (int64_t i = 0; i < T * h; ++i) hidden[i] *= s.embed_scale;
   for (int64_t r = 0; r < b.num_media_rows; ++r)
     std::memcpy(hidden + b.media_rows[r] * h, b.media_embeds + r * h, h * sizeof(float));
   std::memcpy(residual, hidden, T * h * sizeof(float));
@@ -246,22 +249,28 @@ void LlamaForward::run(const LlamaBatch& b) {
       head_rms_norm({qkv, L.q_norm, T, s.heads, s.head_dim, qkv_w, s.eps, DType::kFloat32, DType::kFloat32});
     if (L.k_norm != nullptr)
       head_rms_norm({qkv + qsz, L.k_norm, T, s.kv_heads, s.head_dim, qkv_w, s.eps, DType::kFloat32, DType::kFloat32});
-    rotary_embedding({rope_positions, qkv, qkv + qsz, rope_table, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
+    const float* table = b.rope_rows == nullptr && L.cos_sin != nullptr ? L.cos_sin : rope_table;
+    rotary_embedding({rope_positions, qkv, qkv + qsz, table, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
                       qkv_w, qkv_w, true, DType::kFloat32});
     reshape_and_cache({qkv + qsz, qkv + qsz + kvsz, qkv_w, qkv_w, key_caches_[li], value_caches_[li], b.slot_mapping,
                        T, s.block_size, s.kv_heads, s.head_dim, DType::kFloat32, s.kv_dtype});
     paged_attention({qkv, qkv_w, key_caches_[li], value_caches_[li], b.block_tables, b.block_table_stride,
                      b.query_start_loc, b.seq_lens, attn, qsz, b.num_seqs, s.heads, s.kv_heads, s.head_dim,
-                     s.block_size, s.attn_scale, kAttentionPartition, DType::kFloat32, s.kv_dtype});
+                     s.block_size, s.attn_scale, kAttentionPartition, DType::kFloat32, s.kv_dtype, L.window,
+                     s.attn_softcap});
     project(attn, T, qsz, forms, {{&L.o, nullptr, hidden, h}});
+    if (L.post_attn_norm != nullptr)
+      rms_norm({hidden, hidden, nullptr, L.post_attn_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
     rms_norm({x, hidden, residual, L.post_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
     if (!L.expert_gate.empty()) {
       moe_mlp(li, x, T, hidden);
-      continue;
+    } else {
+      project(x, T, h, forms, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
+      (s.gelu ? gelu_tanh_and_mul : silu_and_mul)({act, gate_up, T, inter, 2 * inter, inter, DType::kFloat32});
+      project(act, T, inter, forms, {{&L.down, nullptr, hidden, h}});
     }
-    project(x, T, h, forms, {{&L.gate, nullptr, gate_up, 2 * inter}, {&L.up, nullptr, gate_up + inter, 2 * inter}});
-    silu_and_mul({act, gate_up, T, inter, 2 * inter, inter, DType::kFloat32});
-    project(act, T, inter, forms, {{&L.down, nullptr, hidden, h}});
+    if (L.post_ffn_norm != nullptr)
+      rms_norm({hidden, hidden, nullptr, L.post_ffn_norm, T, h, h, h, h, s.eps, DType::kFloat32, DType::kFloat32});
   }
   const int64_t R = b.num_logits;
   float* fx = sized(final_x_, R * h);
@@ -274,6 +283,8 @@ void LlamaForward::run(const LlamaBatch& b) {
   // Logits rows are int8 whatever their token: usually one per prompt, which would not repay
   // rounding the whole lm_head to bf16 panels.
   project(fx, R, h, RowForms{}, {{&lm_head_, nullptr, b.logits, s.vocab}});
+  if (s.final_softcap > 0.f)
+    for (int64_t i = 0; i < R * s.vocab; ++i) b.logits[i] = s.final_softcap * std::tanh(b.logits[i] / s.final_softcap);
 }
 
 }  // namespace mindie::kernels::cpu

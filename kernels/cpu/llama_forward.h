@@ -46,6 +46,12 @@ struct LlamaLayerWeights {
   // the experts its rows are routed to. Empty for a dense MLP.
   WeightMatrix router{};
   std::vector<WeightMatrix> expert_gate, expert_up, expert_down;
+  // Gemma 3's sandwich norms: RMSNorm on the attention output and on the MLP output before each
+  // residual add; nullptr when the model has none.
+  const float* post_attn_norm = nullptr;
+  const float* post_ffn_norm = nullptr;
+  int window = 0;                  // sliding-window layer (PagedAttentionArgs::window); 0: global
+  const float* cos_sin = nullptr;  // this layer's rotary table, as LlamaShape::cos_sin; nullptr: that one
 };
 
 struct LlamaShape {
@@ -62,6 +68,10 @@ struct LlamaShape {
   int64_t expert_intermediate = 0;
   int experts_per_tok = 0;
   bool norm_topk_prob = true;
+  bool gelu = false;           // the gate's activation: gelu_tanh (GeGLU), else silu
+  float embed_scale = 1.f;     // token embeddings times this (Gemma: sqrt(hidden))
+  float attn_softcap = 0.f;    // PagedAttentionArgs::softcap
+  float final_softcap = 0.f;   // logits -> cap * tanh(logits / cap); 0: off
 };
 
 // One step's flattened batch, as AttentionMetadata describes it (mindie/model/llama.py).

@@ -56,7 +56,7 @@ class Attention : AttentionView<Q, KV> {
       const int64_t have = decode_rows;
       int64_t longest = 0;
       for (int64_t s = 0; s < a_.num_seqs; ++s)
-        if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s]);
+        if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s] - first_key(s));
       partition = static_cast<int>(longest + 1);
       if (have > 0 && have < want) {
         const int64_t splits = (want + have - 1) / have;
@@ -69,11 +69,13 @@ class Attention : AttentionView<Q, KV> {
       const int ctx = a_.seq_lens[s];
       if (q_len == 0 || ctx == 0) continue;
       if (q_len == 1) {
-        const int parts = (ctx + partition - 1) / partition;
+        const int lo = first_key(s);  // a sliding window's blocks before it are never read
+        const int parts = (ctx - lo + partition - 1) / partition;
         if (parts > 1) merges_.push_back({static_cast<int32_t>(s), num_parts_, parts});
         for (int p = 0; p < parts; ++p) {
           const int64_t slot = parts > 1 ? num_parts_ + p : -1;
-          work_.push_back({static_cast<int32_t>(s), 0, p * partition, std::min(ctx, (p + 1) * partition), slot});
+          work_.push_back({static_cast<int32_t>(s), 0, lo + p * partition, std::min(ctx, lo + (p + 1) * partition),
+                           slot});
         }
         if (parts > 1) num_parts_ += parts;
       } else {
@@ -89,10 +91,13 @@ class Attention : AttentionView<Q, KV> {
     });
   }
 
+  // The first key a decode query (the sequence's last position) sees.
+  int first_key(int64_t s) const { return a_.window > 0 ? std::max(0, a_.seq_lens[s] - a_.window) : 0; }
+
   int query_tile() const {
 #if defined(MINDIE_AMX)
     if constexpr (std::is_same_v<KV, bf16_t>)
-      if (prefill_on_amx(D_)) return kAmxQueryTile;
+      if (a_.window == 0 && prefill_on_amx(D_)) return kAmxQueryTile;
 #endif
     return kQueryTile;
   }
@@ -100,7 +105,7 @@ class Attention : AttentionView<Q, KV> {
   int64_t cost(const WorkItem& w) const {
     if (w.part >= 0 || query_len(w.seq) == 1) return static_cast<int64_t>(w.end - w.begin) * a_.kv_heads;
     const int64_t last_pos = a_.seq_lens[w.seq] - query_len(w.seq) + w.end;
-    return last_pos * (w.end - w.begin);
+    return (a_.window > 0 ? std::min<int64_t>(last_pos, a_.window) : last_pos) * (w.end - w.begin);
   }
 
   std::vector<WorkItem> work_;

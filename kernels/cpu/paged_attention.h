@@ -1,7 +1,8 @@
 // Paged attention over block tables for a flattened batch of sequences, each with q_len >= 1 new
 // query tokens whose K/V are already in the cache (write first, then attend). Query i of a
 // sequence sits at position seq_len - q_len + i and attends causally to cache positions 0..pos,
-// so decode (q_len = 1), prefill, chunked prefill and prefix-cache hits are one kernel.
+// so decode (q_len = 1), prefill, chunked prefill and prefix-cache hits are one kernel; on a
+// sliding-window layer only the last `window` of them.
 // Grouped-query attention: query head qh reads kv head qh / (num_heads / kv_heads).
 // Softmax is online (running max and sum) in float32; decode contexts may be split over several
 // workers (partition_size tokens each) and merged, so a few long sequences still use every core.
@@ -33,6 +34,12 @@ struct PagedAttentionArgs {
   int partition_size;  // tokens per split of a decode context; 0 chooses from the batch shape
   DType q_dtype;
   DType kv_dtype;
+  // Sliding-window layers (Gemma 3, Mistral): a query at position p sees keys p - window + 1..p
+  // (transformers' kv > q - window); 0: every earlier key. Keys outside it are never read.
+  int window = 0;
+  // Gemma 2's attention logit soft-capping: scaled scores become softcap * tanh(score / softcap)
+  // before the softmax; 0: off.
+  float softcap = 0.f;
 };
 
 void paged_attention(const PagedAttentionArgs& args);

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama (Mixtral too) | mistral | qwen2 | qwen3 | qwen3moe
+    architecture: str  # llama (Mixtral too) | mistral | qwen2 | qwen3 | qwen3moe | gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,18 +41,45 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Gemma 3. The MLP gate's activation: silu, or gelu_tanh (GeGLU, transformers' gelu_pytorch_tanh).
+    hidden_act: str = "silu"
+    embed_scale: float = 1.0  # token embeddings are multiplied by it (Gemma: sqrt(hidden_size))
+    # RMSNorms on the attention and MLP outputs before each residual add, beside the usual pre-norms
+    sandwich_norms: bool = False
+    # The attention scale is query_pre_attn_scalar ** -0.5 (Gemma); None: head_dim ** -0.5
+    query_pre_attn_scalar: float | None = None
+    # Layers with sliding_layers[i] true see the last sliding_window keys only (0 or (): none do)
+    sliding_window: int = 0
+    sliding_layers: tuple[bool, ...] = ()
+    rope_local_theta: float | None = None  # the sliding layers' rotary base; None: rope_theta
+    rope_linear_factor: float = 1.0  # linear rotary scaling of the global layers (positions / factor)
+    # Soft-capping: x -> cap * tanh(x / cap) on the final logits and on attention scores; 0: off
+    final_logit_softcap: float = 0.0
+    attn_logit_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"unsupported architecture {self.architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"hidden activation {self.hidden_act!r} is not supported (silu, gelu_tanh)")
+        if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
+            raise ValueError(f"{len(self.sliding_layers)} layer types for {self.num_layers} layers")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
                 and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of a layer; 0 for a global one."""
+        return self.sliding_window if self.sliding_layers and self.sliding_layers[layer] else 0
 
     @property
     def q_size(self) -> int:

@@ -9,6 +9,7 @@ rotate_half layout) serves GGUF and safetensors weights alike.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,14 @@ _LAYER_NAMES = {
 # MoE experts: one 3-D tensor [experts, rows, cols] per projection, split into one matrix per expert
 _EXPERT_NAMES = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
                  "ffn_down_exps.weight": "down_proj"}
+# Gemma 3's sandwich layers: llama.cpp's ffn_norm is the MLP's pre-norm, as for Llama, but Hugging
+# Face names that one pre_feedforward_layernorm and post_attention_layernorm the attention output's.
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -57,13 +66,19 @@ class GGUFContents:
     metadata: dict[str, Any]  # tokenizer.* and general.* fields
 
 
-def _hf_name(name: str) -> str:
+def layer_names(arch: str) -> dict[str, str]:
+    """GGUF -> Hugging Face names of a layer's tensors (under blk.N. and model.layers.N.)."""
+    return _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+
+
+def _hf_name(name: str, arch: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    layer = layer_names(arch)
+    if m is None or m.group(2) not in layer:
         raise ValueError(f"GGUF tensor {name!r} is not part of a supported Llama-family model")
-    return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return f"model.layers.{m.group(1)}.{layer[m.group(2)]}"
 
 
 def _expert_names(name: str, experts: int) -> list[str] | None:
@@ -113,6 +128,7 @@ def _config(path: str, header: GGUFHeader) -> ModelConfig:
         eos_token_ids=() if eos is None else (int(eos),),
         qk_norm="blk.0.attn_q_norm.weight" in names,
         **_moe_fields(meta, names),
+        **(_gemma3_fields(meta, hidden) if arch == "gemma3" else {}),
     )
 
 
@@ -129,6 +145,41 @@ def _moe_fields(meta: Any, names: set[str]) -> dict[str, Any]:
         moe_intermediate_size=int(meta("expert_feed_forward_length", meta("feed_forward_length"))),
         norm_topk_prob=bool(meta("expert_weights_norm", True)),
         mlp_only_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
+    )
+
+
+# llama.cpp's Gemma 3 defaults for what its converter does not write: every sixth layer global, the
+# sliding layers' rotary base 10000
+_GEMMA3_SLIDING_PATTERN = 6
+_GEMMA3_LOCAL_THETA = 10_000.0
+_GEMMA3_27B_LAYERS = 62
+
+
+def _gemma3_fields(meta: Callable[..., Any], hidden: int) -> dict[str, Any]:
+    """Gemma 3's ModelConfig fields from `<arch>.*` metadata. The converter writes no
+    query_pre_attn_scalar; llama.cpp takes head_dim, except for the 27B (62 layers) hidden / heads,
+    which is what those models' configs say."""
+    layers = int(meta("block_count"))
+    heads = int(meta("attention.head_count"))
+    pattern = meta("attention.sliding_window_pattern", _GEMMA3_SLIDING_PATTERN)
+    if isinstance(pattern, list):  # one flag per layer
+        sliding = tuple(bool(p) for p in pattern)
+    else:
+        sliding = tuple(bool((i + 1) % int(pattern)) for i in range(layers))
+    scaling = meta("rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise ValueError(f"Gemma 3 rope scaling {scaling!r} is not supported yet")
+    return dict(
+        hidden_act="gelu_tanh",
+        embed_scale=float(hidden) ** 0.5,
+        sandwich_norms=True,
+        query_pre_attn_scalar=float(hidden // heads) if layers == _GEMMA3_27B_LAYERS else None,
+        sliding_window=int(meta("attention.sliding_window", 0)),
+        sliding_layers=sliding,
+        rope_local_theta=float(meta("rope.freq_base_swa", _GEMMA3_LOCAL_THETA)),
+        rope_linear_factor=float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,
+        final_logit_softcap=float(meta("final_logit_softcapping", 0.0)),
+        attn_logit_softcap=float(meta("attn_logit_softcapping", 0.0)),
     )
 
 
@@ -172,7 +223,8 @@ def read_gguf(path: str) -> GGUFContents:
             weights.update({n: torch.from_numpy(np.array(w[e], dtype=np.float32, copy=True))
                             for e, n in enumerate(experts)})
             continue
-        weights[_hf_name(t.name)] = torch.from_numpy(np.array(w, dtype=np.float32, order="C", copy=True))
+        weights[_hf_name(t.name, config.architecture)] = torch.from_numpy(
+            np.array(w, dtype=np.float32, order="C", copy=True))
     return GGUFContents(config, weights, _metadata(header))
 
 
@@ -197,7 +249,8 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
         if len(t.shape) == 1:
             if t.qtype not in (GGML_F32, GGML_F16):
                 raise ValueError(f"{path}: 1-D tensor {t.name} has ggml type {t.qtype}; expected F32 or F16")
-            vectors[_hf_name(t.name)] = torch.from_numpy(np.array(raw, dtype=np.float32).reshape(-1))
+            vectors[_hf_name(t.name, config.architecture)] = torch.from_numpy(
+                np.array(raw, dtype=np.float32).reshape(-1))
             continue
         experts = _expert_names(t.name, config.num_experts)
         if experts is not None:  # each expert its own matrix: a step reads only its routed experts' bytes
@@ -214,7 +267,7 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
         heads = _heads_to_unpermute(config, t.name)
         if heads is not None:
             w = w.permute_rows(_unpermute(np.arange(rows), heads))
-        matrices[_hf_name(t.name)] = w.packed_in_panels()
+        matrices[_hf_name(t.name, config.architecture)] = w.packed_in_panels()
     metadata = _metadata(header)
     del raw  # the last view into the mapping
     header.data.close()  # every tensor was copied: the mapping would only keep the file resident

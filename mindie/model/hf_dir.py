@@ -12,6 +12,7 @@ from mindie.model.config import ModelConfig
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
+                  "Gemma3ForCausalLM": "gemma3",
                   "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -31,6 +32,41 @@ def read_raw_config(path: str) -> dict[str, Any]:
     return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
 
 
+# Gemma 3's layer pattern when config.json lists no layer_types: five sliding layers, then a global one
+GEMMA3_SLIDING_PATTERN = 6
+
+
+def _gemma3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's ModelConfig fields. Rotary per layer type: transformers 5 nests it in rope_parameters
+    under full_attention / sliding_attention; older config.json files have rope_theta, rope_scaling
+    (the global layers') and rope_local_base_freq."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params:
+        full, local = params["full_attention"], params.get("sliding_attention") or {}
+    else:
+        full = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+        local = {"rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+    kind = full.get("rope_type", full.get("type", "default"))
+    if kind not in ("default", "linear") or local.get("rope_type", "default") != "default":
+        raise ValueError(f"{path}: rope scaling {full} / {local} is not supported yet")
+    n = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN else "full_attention"
+                                       for i in range(n)]
+    return dict(
+        rope_theta=float(full.get("rope_theta", 1_000_000.0)),
+        rope_linear_factor=float(full.get("factor", 1.0)) if kind == "linear" else 1.0,
+        rope_local_theta=float(local.get("rope_theta", 10_000.0)),
+        hidden_act="gelu_tanh",
+        embed_scale=float(cfg["hidden_size"]) ** 0.5,
+        sandwich_norms=True,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256),
+        sliding_window=int(cfg.get("sliding_window") or 0),
+        sliding_layers=tuple(t == "sliding_attention" for t in types),
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
+        attn_logit_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
+    )
+
+
 def read_config(path: str) -> ModelConfig:
     cfg = read_raw_config(path)
     names = cfg.get("architectures") or []
@@ -40,11 +76,12 @@ def read_config(path: str) -> ModelConfig:
             f"{path}: config.json architectures {names} not supported; supported: {sorted(_ARCHITECTURES)}"
         )
     heads = int(cfg["num_attention_heads"])
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    extra = _gemma3_fields(path, cfg) if arch == "gemma3" else {}
+    rope = {} if extra else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     mrope = tuple(int(n) for n in rope.get("mrope_section") or ())
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
         raise ValueError(f"{path}: rope scaling {rope} is not supported yet")
-    theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    theta = extra.pop("rope_theta", None) or rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(cfg["vocab_size"]),
@@ -62,8 +99,9 @@ def read_config(path: str) -> ModelConfig:
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
         mrope_section=mrope if any(n in VISION_ARCHITECTURES for n in names) else (),
-        qk_norm=arch in ("qwen3", "qwen3moe"),
+        qk_norm=arch in ("qwen3", "qwen3moe", "gemma3"),
         **_moe_fields(cfg),
+        **extra,
     )
 
 
@@ -94,6 +132,14 @@ def _canonical_name(name: str) -> str:
     for old, new in _MIXTRAL_NAMES:
         name = name.replace(old, new)
     return name
+
+
+def shift_gemma_norms(weights: dict[str, torch.Tensor]) -> None:
+    """Gemma's RMSNorm multiplies by (1 + weight); stored as the multiplier (what llama.cpp's converter
+    writes too), one kernel serves every family."""
+    for name, w in weights.items():
+        if name.endswith("norm.weight"):
+            weights[name] = w.float() + 1.0
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:

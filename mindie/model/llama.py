@@ -1,5 +1,5 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, and the MoE ones: Qwen3-MoE,
-Mixtral) over a paged KV cache.
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3, and the MoE ones:
+Qwen3-MoE, Mixtral) over a paged KV cache.
 
 One forward pass takes a flattened batch: the new tokens of every sequence back to back, with
 their positions, cache slots and block tables (`AttentionMetadata`). Prefill chunks and decode
@@ -9,7 +9,6 @@ attention, RMSNorm and the gated activation run in `mindie.ops`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +50,10 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor | None  # [2 * intermediate, hidden]; None in an MoE layer
     down: torch.Tensor | None
+    cos_sin: torch.Tensor  # this layer's rotary table (Gemma 3's sliding layers have their own)
+    window: int = 0  # sliding window; 0: global attention
+    post_attn_norm: torch.Tensor | None = None  # sandwich norms (Gemma 3); None: none
+    post_ffn_norm: torch.Tensor | None = None
     moe: MoeWeights | None = None  # an MoE layer's router and experts
 
 
@@ -65,12 +68,35 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def rope_cos_sin(config: ModelConfig, max_position: int) -> torch.Tensor:
-    """[max_position, head_dim] float32: cos of each frequency, then sin (Hugging Face values)."""
+def rope_cos_sin(config: ModelConfig, max_position: int, theta: float | None = None,
+                 linear_factor: float = 1.0) -> torch.Tensor:
+    """[max_position, head_dim] float32: cos of each frequency, then sin (Hugging Face values).
+    `theta` (default: the config's rope_theta) and linear scaling, which divides the frequencies."""
     d = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    inv_freq = 1.0 / ((theta or config.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    inv_freq = inv_freq / linear_factor
     freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
+
+
+def layer_rope_tables(config: ModelConfig) -> list[torch.Tensor]:
+    """Each layer's rotary table: the global one (rope_theta, linear scaling), or on Gemma 3's sliding
+    layers the local one (rope_local_theta, unscaled); layers share the tensors."""
+    full = rope_cos_sin(config, config.max_position, linear_factor=config.rope_linear_factor)
+    if config.rope_local_theta is None:
+        return [full] * config.num_layers
+    local = rope_cos_sin(config, config.max_position, config.rope_local_theta)
+    return [local if config.layer_window(i) else full for i in range(config.num_layers)]
+
+
+def norm_names(config: ModelConfig) -> dict[str, str]:
+    """A layer's norm slots -> their checkpoint names under model.layers.N. `post_norm` is the MLP's
+    pre-norm: Llama calls it post_attention_layernorm, while Gemma's sandwich layers give that name
+    to the norm of the attention output and call the MLP's pre_feedforward_layernorm."""
+    if not config.sandwich_norms:
+        return {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
+    return {"input_norm": "input_layernorm", "post_norm": "pre_feedforward_layernorm",
+            "post_attn_norm": "post_attention_layernorm", "post_ffn_norm": "post_feedforward_layernorm"}
 
 
 class LlamaModel:
@@ -90,6 +116,7 @@ class LlamaModel:
         self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")
         self.final_norm = take("model.norm.weight")
         self.layers: list[_Layer] = []
+        tables = layer_rope_tables(config)
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             attn = p + "self_attn."
@@ -97,15 +124,14 @@ class LlamaModel:
             if config.qkv_bias:
                 bias = torch.cat([take(attn + f"{n}_proj.bias") for n in "qkv"]).contiguous()
             moe = config.is_moe_layer(i)
+            norms = {slot: take(p + name + ".weight") for slot, name in norm_names(config).items()}
             self.layers.append(
                 _Layer(
-                    input_norm=take(p + "input_layernorm.weight"),
                     qkv=torch.cat([take(attn + f"{n}_proj.weight") for n in "qkv"]).contiguous(),
                     qkv_bias=bias,
                     q_norm=take(attn + "q_norm.weight") if config.qk_norm else None,
                     k_norm=take(attn + "k_norm.weight") if config.qk_norm else None,
                     o_proj=take(attn + "o_proj.weight"),
-                    post_norm=take(p + "post_attention_layernorm.weight"),
                     gate_up=None if moe else torch.cat([take(p + "mlp.gate_proj.weight"),
                                                         take(p + "mlp.up_proj.weight")]).contiguous(),
                     down=None if moe else take(p + "mlp.down_proj.weight"),
@@ -116,10 +142,15 @@ class LlamaModel:
                             for e in range(config.num_experts)]),
                         down=torch.stack([take(expert_name(i, e, "down_proj")) for e in range(config.num_experts)]),
                     ) if moe else None,
+                    cos_sin=tables[i],
+                    window=config.layer_window(i),
+                    **norms,
                 )
             )
-        self.cos_sin = rope_cos_sin(config, config.max_position)
-        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.scale = config.attn_scale
+        # transformers scales the embedding in the weights' dtype
+        self.embed_scale = torch.tensor(config.embed_scale, dtype=torch.float32).to(dtype)
+        self.activation = ops.gelu_tanh_and_mul if config.hidden_act == "gelu_tanh" else ops.silu_and_mul
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
@@ -137,11 +168,13 @@ class LlamaModel:
         c = self.config
         tokens = input_ids.shape[0]
         hidden = self.embed.index_select(0, input_ids)
+        if c.embed_scale != 1.0:
+            hidden.mul_(self.embed_scale)
         if meta.media_rows is not None and meta.media_embeds is not None:
             hidden.index_copy_(0, meta.media_rows, meta.media_embeds.to(self.dtype))
-        positions, cos_sin = meta.positions, self.cos_sin
+        positions, rows_cos_sin = meta.positions, None
         if meta.rope_cos_sin is not None:  # row i rotates by its own table row i
-            positions, cos_sin = torch.arange(tokens, dtype=torch.int64), meta.rope_cos_sin
+            positions, rows_cos_sin = torch.arange(tokens, dtype=torch.int64), meta.rope_cos_sin
         residual: torch.Tensor | None = None
         attn_out = torch.empty(tokens, c.num_heads, c.head_dim, dtype=self.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -157,20 +190,28 @@ class LlamaModel:
             if layer.q_norm is not None and layer.k_norm is not None:
                 ops.head_rms_norm(q, layer.q_norm, c.rms_norm_eps)
                 ops.head_rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            ops.rotary_embedding(positions, q, k, cos_sin)
+            ops.rotary_embedding(positions, q, k, layer.cos_sin if rows_cos_sin is None else rows_cos_sin)
             ops.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping)
             ops.paged_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale, out=attn_out
+                q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, self.scale, out=attn_out,
+                window=layer.window, softcap=c.attn_logit_softcap,
             )
             hidden = linear(attn_out.view(tokens, c.q_size), layer.o_proj)
+            if layer.post_attn_norm is not None:
+                hidden = ops.rms_norm(hidden, layer.post_attn_norm, c.rms_norm_eps)
             x = ops.rms_norm(hidden, layer.post_norm, c.rms_norm_eps, residual=residual)
             if layer.moe is not None:
                 hidden = moe_mlp(x, layer.moe, c.num_experts_per_tok, c.norm_topk_prob)
             else:
                 assert layer.gate_up is not None and layer.down is not None
-                hidden = linear(ops.silu_and_mul(linear(x, layer.gate_up)), layer.down)
+                hidden = linear(self.activation(linear(x, layer.gate_up)), layer.down)
+            if layer.post_ffn_norm is not None:
+                hidden = ops.rms_norm(hidden, layer.post_ffn_norm, c.rms_norm_eps)
         assert residual is not None
         rows = meta.logits_indices
         final = ops.rms_norm(hidden.index_select(0, rows), self.final_norm, c.rms_norm_eps,
                              residual=residual.index_select(0, rows))
-        return linear(final, self.lm_head).float()
+        logits = linear(final, self.lm_head).float()
+        if c.final_logit_softcap:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+        return logits

@@ -11,7 +11,6 @@ depend on the rest of the batch.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections import Counter
 
@@ -19,7 +18,7 @@ import torch
 
 from mindie import _C
 from mindie.model.config import ModelConfig
-from mindie.model.llama import AttentionMetadata, rope_cos_sin
+from mindie.model.llama import AttentionMetadata, layer_rope_tables, norm_names
 from mindie.model.moe import EXPERT_PROJECTIONS, expert_name, router_name
 from mindie.model.quantized import QuantizedWeight
 
@@ -71,12 +70,12 @@ class QuantizedLlamaModel:
         self.lm_head = self.embed if config.tie_word_embeddings else matrix("lm_head.weight")
         self.matrices = {"model.embed_tokens.weight": self.embed, "lm_head.weight": self.lm_head}
         self._layers: list[dict[str, object]] = []
+        tables = layer_rope_tables(config)
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
-            layer: dict[str, object] = {
-                "input_norm": vector(p + "input_layernorm.weight"),
-                "post_norm": vector(p + "post_attention_layernorm.weight"),
-            }
+            layer: dict[str, object] = {slot: vector(p + name + ".weight") for slot, name in norm_names(config).items()}
+            layer["cos_sin"] = tables[i]
+            layer["window"] = config.layer_window(i)
             moe = config.is_moe_layer(i)
             for key, name in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
                               ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
@@ -99,12 +98,12 @@ class QuantizedLlamaModel:
                 layer[key] = vector(p + f"self_attn.{key}.weight") if config.qk_norm else None
             self._layers.append(layer)
         final_norm = vector("model.norm.weight")
-        norm_keys = ("input_norm", "post_norm") + (("q_norm", "k_norm") if config.qk_norm else ())
+        norm_keys = (*norm_names(config), *(("q_norm", "k_norm") if config.qk_norm else ()))
         norms = [layer[k] for layer in self._layers for k in norm_keys]
         if final_norm is None or any(n is None for n in norms):
             raise KeyError("norm weights missing from the checkpoint")
         self._final_norm = final_norm
-        self._cos_sin = rope_cos_sin(config, config.max_position)
+        self._cos_sin = tables[0]  # the step's default table; every layer names its own as well
         self._step: _C.LlamaForward | None = None
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -117,7 +116,8 @@ class QuantizedLlamaModel:
     def weight_bytes(self) -> int:
         unique = {id(w): w for w in self.matrices.values()}.values()
         return sum(w.nbytes for w in unique) + sum(
-            t.numel() * 4 for layer in self._layers for t in layer.values() if isinstance(t, torch.Tensor))
+            t.numel() * 4 for layer in self._layers for k, t in layer.items()
+            if k != "cos_sin" and isinstance(t, torch.Tensor))
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
@@ -127,7 +127,9 @@ class QuantizedLlamaModel:
         dims = {
             "hidden": c.hidden_size, "intermediate": c.intermediate_size, "vocab": c.vocab_size,
             "heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,
-            "attn_scale": 1.0 / math.sqrt(c.head_dim), "block_size": block_size, "cos_sin": self._cos_sin,
+            "attn_scale": c.attn_scale, "block_size": block_size, "cos_sin": self._cos_sin,
+            "gelu": c.hidden_act == "gelu_tanh", "embed_scale": c.embed_scale,
+            "attn_softcap": c.attn_logit_softcap, "final_softcap": c.final_logit_softcap,
             "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
             "bf16_prompts": self.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16(),
             "expert_intermediate": c.moe_intermediate_size, "experts_per_tok": c.num_experts_per_tok,

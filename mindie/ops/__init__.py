@@ -6,7 +6,7 @@ callers use them through this package, as ``ops.paged_attention``.
 """
 
 from mindie.ops.attention import copy_blocks, paged_attention, reshape_and_cache
-from mindie.ops.layers import head_rms_norm, linear, rms_norm, rotary_embedding, silu_and_mul
+from mindie.ops.layers import gelu_tanh_and_mul, head_rms_norm, linear, rms_norm, rotary_embedding, silu_and_mul
 from mindie.ops.moe import moe_combine, moe_route
 from mindie.ops.quant import (
     dequantize,
@@ -35,6 +35,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "silu_and_mul",
+    "gelu_tanh_and_mul",
     "moe_combine",
     "moe_route",
     "dequantize",

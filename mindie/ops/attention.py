@@ -35,17 +35,22 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,
     partition_size: int = 0,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of a flattened batch over its paged KV cache.
 
     ``query`` [tokens, heads, head_dim]; sequence ``s`` owns query rows
     ``query_start_loc[s]:query_start_loc[s + 1]`` and has ``seq_lens[s]`` cached tokens, the new
     ones included (write them with :func:`reshape_and_cache` first). Covers decode, prefill,
-    chunked prefill and prefix-cache hits in one call.
+    chunked prefill and prefix-cache hits in one call. ``window`` > 0 (sliding-window layers): a
+    query at position ``p`` sees keys ``p - window + 1 .. p`` only. ``softcap`` > 0: scaled scores
+    become ``softcap * tanh(score / softcap)`` (attention logit soft-capping).
     """
     if out is None:
         out = torch.empty_like(query)
     _C.paged_attention(
-        out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, partition_size
+        out, query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale, partition_size, window,
+        softcap,
     )
     return out

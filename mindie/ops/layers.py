@@ -48,6 +48,15 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     return out
 
 
+def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu_tanh(x[:, :n]) * x[:, n:]`` for ``x`` [tokens, 2n] (GeGLU: Gemma's gated MLP, with
+    transformers' ``gelu_pytorch_tanh``)."""
+    if out is None:
+        out = x.new_empty((x.shape[0], x.shape[1] // 2))
+    _C.gelu_tanh_and_mul(out, x)
+    return out
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """``x [m, k] @ weight[n, k]^T (+ bias)`` for a few rows of ``x``: the weight streams once at

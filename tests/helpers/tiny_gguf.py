@@ -16,16 +16,17 @@ from mindie.model.hf_dir import read_weights
 
 # Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes (Mixtral as llama,
 # with experts); it permutes the q/k rows of llama models only.
-GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama",
+                      "gemma3_text": "gemma3"}
 # llama.cpp's expert tensors: per MoE layer, one 3-D tensor per projection
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
 
 
-def _gguf_names() -> dict[str, str]:
+def _gguf_names(arch: str) -> dict[str, str]:
     """Hugging Face name -> GGUF name, with {} for the layer index."""
     names = {hf: name for name, hf in gguf_file._GLOBAL_NAMES.items()}
-    names.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{name}" for name, hf in gguf_file._LAYER_NAMES.items()})
+    names.update({f"model.layers.{{}}.{hf}": f"blk.{{}}.{name}" for name, hf in gguf_file.layer_names(arch).items()})
     return names
 
 
@@ -42,8 +43,9 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _gguf_tensors(weights: dict[str, torch.Tensor], cfg: dict, arch: str) -> dict[str, np.ndarray]:
-    """GGUF name -> float32 values: llama.cpp's names, q/k permuted for llama, experts stacked."""
-    table = _gguf_names()
+    """GGUF name -> float32 values: llama.cpp's names, q/k permuted for llama, experts stacked,
+    Gemma 3's norms shifted."""
+    table = _gguf_names(arch)
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or 0
     out: dict[str, np.ndarray] = {}
     for name, tensor in sorted(weights.items()):
@@ -51,6 +53,8 @@ def _gguf_tensors(weights: dict[str, torch.Tensor], cfg: dict, arch: str) -> dic
             continue  # a tied model has no output.weight: llama.cpp reads token_embd.weight
         if ".mlp.experts." in name:
             continue  # stacked below
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            tensor = tensor + 1  # the converter's norm_shift: Gemma3RMSNorm multiplies by 1 + weight
         data = tensor.to(torch.float32).numpy()
         gguf_name = _gguf_name(name, table)
         if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
@@ -91,7 +95,7 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
                ) -> Path:
-    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE or Mixtral checkpoint) as a GGUF file; matrices in
+    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE, Mixtral or Gemma 3 checkpoint) as a GGUF file; matrices in
     `matrix_type` (F32, or a block format the gguf package quantizes to), norms, biases and routers
     F32, as llama.cpp keeps them."""
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -108,7 +112,16 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    rope = cfg.get("rope_parameters") or {}
+    full = rope.get("full_attention", rope)
+    w.add_rope_freq_base(cfg.get("rope_theta") or full["rope_theta"])
+    if full.get("rope_type") == "linear":  # as TextModel.set_gguf_parameters writes it
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    if arch == "gemma3":  # as Gemma3Model.set_gguf_parameters; llama.cpp's default layer pattern (every 6th global)
+        w.add_sliding_window(cfg["sliding_window"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")

@@ -41,6 +41,26 @@ QWEN3_EOS = 256 + QWEN3_SPECIALS.index("<|im_end|>")
 QWEN3_PLAIN = ("<think>", "</think>")
 
 
+# Gemma's turns (the shape of Gemma 3's own template, shortened): <bos> first, the reply ends at <end_of_turn>
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{%- for m in messages %}{{- '<start_of_turn>' + ('model' if m['role'] == 'assistant' else "
+    "m['role']) + '\n' + m['content'] + '<end_of_turn>\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}")
+GEMMA3_TOKENIZER = {"bos_token": "<bos>", "eos_token": "<end_of_turn>", "add_bos_token": False,
+                    "chat_template": GEMMA3_TEMPLATE}
+GEMMA3_SPECIALS = ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")
+# Gemma 3's shape in small: six layers, so llama.cpp's default pattern (five sliding, one global) holds;
+# a window of 11, below the tests' prompts and not a multiple of their KV block sizes; head_dim not
+# hidden / heads, query_pre_attn_scalar equal to it (as in every Gemma 3 but the 27B, and as llama.cpp
+# reads a GGUF); linear scaling of the global layers' rotary; the final logits soft-capped.
+GEMMA3 = dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, sliding_window=11,
+              final_logit_softcapping=30.0, tie_word_embeddings=True,
+              bos_token_id=256 + GEMMA3_SPECIALS.index("<bos>"),
+              eos_token_id=256 + GEMMA3_SPECIALS.index("<end_of_turn>"), pad_token_id=256,
+              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+
+
 def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>"), plain: tuple[str, ...] = (),
                          config: dict[str, object] = LLAMA_TOKENIZER) -> None:
     """A byte-level BPE over the 256 byte symbols, no merges, then the special tokens and the added
@@ -60,6 +80,8 @@ def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>")
 
 def make_tiny(path: Path, arch: str, seed: int) -> Path:
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MixtralConfig,
@@ -73,7 +95,9 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
     )
 
     torch.manual_seed(seed)
-    if arch == "llama":
+    if arch == "gemma3":
+        model = Gemma3ForCausalLM(Gemma3TextConfig(**{**TINY, **GEMMA3}))
+    elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
     elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=True))
@@ -94,8 +118,14 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
             p.mul_(4.0 if p.dim() > 1 else 1.0)
             if arch.startswith("qwen3") and p.dim() == 1:  # norms away from ones, so that q_norm / k_norm count
                 p.uniform_(0.5, 1.5)
+            if arch == "gemma3" and p.dim() == 1:  # Gemma's (1 + w) norms are zeros at init
+                p.uniform_(-0.5, 0.5)
+        if arch == "gemma3":  # its tied head reads unit-RMS rows: larger rows make the logits decisive
+            model.get_input_embeddings().weight.mul_(4.0)
     model.save_pretrained(path, safe_serialization=True)
-    if arch.startswith("qwen3"):
+    if arch == "gemma3":
+        write_byte_tokenizer(path, GEMMA3_SPECIALS, config=GEMMA3_TOKENIZER)
+    elif arch.startswith("qwen3"):
         write_byte_tokenizer(path, QWEN3_SPECIALS, QWEN3_PLAIN, QWEN3_TOKENIZER)
     else:
         write_byte_tokenizer(path)

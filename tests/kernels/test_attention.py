@@ -49,9 +49,9 @@ def make_batch(
     )
 
 
-def check(batch: dict, partition_size: int = 0) -> None:
-    out = ops.paged_attention(**batch, partition_size=partition_size)
-    ref = ref_paged_attention(**batch)
+def check(batch: dict, partition_size: int = 0, window: int = 0, softcap: float = 0.0) -> None:
+    out = ops.paged_attention(**batch, partition_size=partition_size, window=window, softcap=softcap)
+    ref = ref_paged_attention(**batch, window=window, softcap=softcap)
     atol, rtol = DTYPES[(batch["query"].dtype, batch["key_cache"].dtype)]
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
 
@@ -120,6 +120,47 @@ def test_randomized(isa):
         check(batch, rng.choice([0, 0, 16]))
 
 
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("block_size", [1, 5, 16])
+@pytest.mark.parametrize("window", [1, 7, 16, 33])
+def test_sliding_window(isa, q_dtype, kv_dtype, block_size, window):
+    """Prefill, chunked prefill and decode rows (split and not) on a sliding-window layer: windows
+    shorter and longer than a block, not multiples of it, contexts shorter and far longer than them."""
+    gen = torch.Generator().manual_seed(8)
+    q_lens = [70, 5, 1, 1, 40, 1]
+    ctx = [70, 90, 3, 100, 41, window]
+    batch = make_batch(q_lens, ctx, 9, 3, 64, block_size, q_dtype, kv_dtype, gen)
+    for partition_size in (0, 7):
+        check(batch, partition_size, window=window)
+
+
+def test_sliding_window_skips_blocks_before_it(isa):
+    """Blocks wholly before every query's window are never read: NaN there changes nothing."""
+    gen = torch.Generator().manual_seed(9)
+    batch = make_batch([30, 1], [60, 60], 4, 2, 32, 8, torch.float32, torch.float32, gen)
+    want = ops.paged_attention(**batch, window=20)
+    for cache in ("key_cache", "value_cache"):
+        for table in batch["block_tables"]:
+            batch[cache][table[:1].long()] = float("nan")  # positions 0..7, before 30 - 20 + 1
+    assert torch.equal(ops.paged_attention(**batch, window=20), want)
+
+
+def test_randomized_window_and_softcap(isa):
+    rng = random.Random(10)
+    gen = torch.Generator().manual_seed(10)
+    for _ in range(25):
+        kv_heads = rng.choice([1, 2])
+        head_dim = rng.choice([8, 32, 64])
+        block_size = rng.choice([1, 3, 16])
+        ctx = [rng.randint(1, 90) for _ in range(rng.choice([1, 3]))]
+        q_lens = [rng.choice([1, c, rng.randint(1, c)]) for c in ctx]
+        q_dtype, kv_dtype = rng.choice(list(DTYPES))
+        batch = make_batch(q_lens, ctx, kv_heads * rng.choice([1, 3]), kv_heads, head_dim, block_size, q_dtype,
+                           kv_dtype, gen)
+        batch["query"] = batch["query"] * 2  # scores large enough that a cap of 1.5 bends them
+        check(batch, rng.choice([0, 16]), window=rng.choice([0, 1, 6, 20]), softcap=rng.choice([0.0, 1.5, 30.0]))
+
+
 def test_empty_batch_and_zero_length_queries(isa):
     gen = torch.Generator().manual_seed(5)
     batch = make_batch([], [], 4, 2, 16, 8, torch.float32, torch.float32, gen)
@@ -161,6 +202,8 @@ def test_bad_arguments_raise():
         (bad(b, key_cache=b["key_cache"].transpose(0, 1)), "contiguous"),
         (bad(b, value_cache=b["value_cache"].bfloat16()), "dtype"),
         (bad(b, scale=float("nan")), "scale"),
+        (bad(b, window=-1), "window"),
+        (bad(b, softcap=float("inf")), "softcap"),
         (bad(b, out=[1.0, 2.0]), "DLPack"),
     ]
     for kwargs, message in cases:

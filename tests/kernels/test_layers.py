@@ -82,6 +82,16 @@ def test_silu_and_mul(isa, dtype, tokens, inter):
     torch.testing.assert_close(ops.silu_and_mul(x), ref.silu_and_mul(x), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,inter", [(1, 1536), (5, 17), (0, 8)])
+def test_gelu_tanh_and_mul(isa, dtype, tokens, inter):
+    gen = torch.Generator().manual_seed(tokens + inter)
+    x = (torch.randn(tokens, 2 * inter, generator=gen) * 4).to(dtype)
+    x[:, :3] = torch.tensor([-100.0, 0.0, 60.0])[: min(3, x.shape[1])].to(dtype)  # far tails: 0 and x, never NaN
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(ops.gelu_tanh_and_mul(x), ref.gelu_tanh_and_mul(x), atol=atol, rtol=rtol)
+
+
 def test_bad_arguments_raise():
     x = torch.randn(3, 8)
     with pytest.raises(ValueError, match="hidden size"):
@@ -102,6 +112,8 @@ def test_bad_arguments_raise():
         ops.rotary_embedding(torch.tensor([0, 1], dtype=torch.int32), q, k, cache)
     with pytest.raises(ValueError, match="even"):
         ops.silu_and_mul(torch.randn(2, 7))
+    with pytest.raises(ValueError, match="even"):
+        ops.gelu_tanh_and_mul(torch.randn(2, 7))
     with pytest.raises(ValueError, match="head_dim"):
         ops.head_rms_norm(q, torch.ones(7), 1e-6)
     with pytest.raises(ValueError, match="contiguous"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers.tiny_models import hf_greedy, run_greedy
@@ -28,7 +30,9 @@ def prompts_for(vocab: int) -> list[list[int]]:
 MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("tiny_qwen3", "tiny_qwen3_dir"),
           ("tiny_qwen3_from_gguf", "tiny_qwen3_dir"), ("tiny_qwen3_moe", "tiny_qwen3_moe_dir"),
           ("tiny_qwen3_moe_from_gguf", "tiny_qwen3_moe_dir"), ("tiny_mixtral", "tiny_mixtral_dir"),
-          ("tiny_mixtral_from_gguf", "tiny_mixtral_dir")]
+          ("tiny_mixtral_from_gguf", "tiny_mixtral_dir"),
+          ("tiny_gemma3", "tiny_gemma3_dir"),
+          ("tiny_gemma3_from_gguf", "tiny_gemma3_dir")]
 
 
 @pytest.mark.parametrize("model,hf_dir", MODELS)
@@ -45,13 +49,24 @@ def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, reques
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_gemma3"])
 def test_batch_of_one_equals_batch_of_many(model, request):
     ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)
     together, _ = run_greedy(ours.model, prompts, 16)
     alone = [run_greedy(ours.model, [p], 16)[0][0] for p in prompts]
     assert together == alone
+
+
+def test_gemma3_parity_prompts_depend_on_the_window(tiny_gemma3_dir):
+    """The parity prompts run past the tiny Gemma 3's window: attending to every key instead moves its
+    log-probabilities far past the parity test's 1e-3, so that test checks the windowed attention."""
+    config, weights, _ = load_weights(str(tiny_gemma3_dir))
+    prompts = prompts_for(config.vocab_size)
+    _, windowed = run_greedy(LlamaModel(config, weights, torch.float32), prompts, 16)
+    _, unwindowed = run_greedy(LlamaModel(dataclasses.replace(config, sliding_window=0), weights, torch.float32),
+                               prompts, 16)
+    assert max(abs(a - b) for w, u in zip(windowed, unwindowed) for a, b in zip(w, u)) > 0.05
 
 
 def test_embedded_model_matches_transformers():
@@ -82,3 +97,11 @@ def test_embedded_model_matches_transformers():
         assert tokens == want
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
     assert "Paris" in tok.decode(got[0])
+
+
+def test_gemma3_chat_template_from_directory_and_gguf(tiny_gemma3, tiny_gemma3_from_gguf):
+    messages = [{"role": "user", "content": "Hi"}]
+    text = tiny_gemma3.tokenizer.apply_chat_template(messages)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tiny_gemma3_from_gguf.tokenizer.apply_chat_template(messages) == text
+    assert tiny_gemma3.tokenizer.encode(text) == tiny_gemma3_from_gguf.tokenizer.encode(text)

@@ -182,6 +182,35 @@ def test_batch1_decode_reads_only_the_routed_experts(family, q8_gguf, request):
     assert torch.isfinite(logits).all() and torch.equal(again, logits)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma3_q8_gguf(tiny_gemma3_dir, tmp_path_factory) -> Path:
+    return write_gguf(tiny_gemma3_dir, tmp_path_factory.mktemp("gguf") / "tiny-gemma3.Q8_0.gguf",
+                      gguf.GGMLQuantizationType.Q8_0)
+
+
+@pytest.mark.parametrize("source,quantization", [("gguf", "auto"), ("dir", "q8_0"), ("dir", "q4_0")])
+@pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
+def test_gemma3_quantized_follows_the_exact_path(tiny_gemma3, tiny_gemma3_dir, tiny_gemma3_q8_gguf, source,
+                                                 quantization, dtype, form, monkeypatch):
+    """Gemma 3 on the C++ step (GeGLU, sandwich norms, embedding scale, sliding layers with their own
+    rotary, soft-capped logits), under the rules of the Qwen3 test above. The 300-token prompt runs far
+    past the window of 11."""
+    force_prompt_form(monkeypatch, form)
+    path = tiny_gemma3_q8_gguf if source == "gguf" else tiny_gemma3_dir
+    quant = load_model(str(path), dtype, quantization)
+    assert isinstance(quant.model, QuantizedLlamaModel) and quant.config.sliding_window == 11
+    assert set(quant.model.weight_formats) == {"Q8_0" if quantization == "auto" else quantization.upper()}
+    ids = torch.randint(0, quant.config.vocab_size, (300,), generator=torch.Generator().manual_seed(3)).tolist()
+    want, got = prompt_logits(tiny_gemma3.model, ids), prompt_logits(quant.model, ids)
+    top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    if quantization == "q4_0":
+        assert top1 >= 0.5
+        return
+    assert abs(perplexity(got, ids) / perplexity(want, ids) - 1) < 0.01 and top1 >= 0.95
+    prompts = [[1, 2, 3, 4, 5], list(range(40, 77)), list(range(200, 213))]
+    assert_greedy_until_a_near_tie(tiny_gemma3.model, quant.model, prompts, 24)
+
+
 def test_weights_stay_in_their_formats(smollm):
     model = smollm.model
     assert isinstance(model, QuantizedLlamaModel)

@@ -19,9 +19,13 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Query i of sequence s sits at position seq_lens[s] - q_len + i and attends to cache
-    positions 0..pos. Query head h reads kv head h // (num_heads // kv_heads). float32 math."""
+    positions 0..pos, or pos - window + 1..pos with a window. Query head h reads kv head
+    h // (num_heads // kv_heads). Soft-capping: scores -> softcap * tanh(scores / softcap) before the
+    mask. float32 math."""
     out = torch.zeros_like(query, dtype=torch.float32)
     num_heads, kv_heads = query.shape[1], key_cache.shape[2]
     group = num_heads // kv_heads
@@ -34,9 +38,13 @@ def paged_attention(
         v = gather_context(value_cache, block_tables[s], ctx).float().repeat_interleave(group, dim=1)
         q = query[start:end].float()
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if softcap > 0:
+            scores = softcap * torch.tanh(scores / softcap)
         first_pos = ctx - (end - start)
         pos = torch.arange(end - start) + first_pos
         mask = torch.arange(ctx)[None, :] > pos[:, None]
+        if window > 0:
+            mask |= torch.arange(ctx)[None, :] <= pos[:, None] - window
         scores = scores.masked_fill(mask[None], float("-inf"))
         out[start:end] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
     return out.to(query.dtype)
