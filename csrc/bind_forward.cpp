@@ -40,7 +40,12 @@ class LlamaForwardHandle {
     s.attn_softcap = shape.attr("get")("attn_softcap", 0.0).cast<float>();
     s.final_softcap = shape.attr("get")("final_softcap", 0.0).cast<float>();
     Tensor cos_sin(shape["cos_sin"], "cos_sin");
-    cos_sin.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim");
+    cos_sin.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous();
+    // The table's width is how many dimensions of a head rotate (Phi-3: partial rotary), as in _C.rotary_embedding
+    s.rotary_dim = static_cast<int>(cos_sin.size(1));
+    if (s.rotary_dim < 2 || s.rotary_dim % 2 != 0 || s.rotary_dim > s.head_dim)
+      fail("cos_sin: its width (the rotary dimensions) must be even and in [2, head_dim=" +
+           std::to_string(s.head_dim) + "], got " + std::to_string(s.rotary_dim));
     s.cos_sin = cos_sin.ptr<float>();
     s.max_position = cos_sin.size(0);
     keep(shape["cos_sin"]);
@@ -82,7 +87,7 @@ class LlamaForwardHandle {
       if (l.window < 0) fail("window must be >= 0");
       if (!d.attr("get")("cos_sin").is_none()) {
         Tensor table(d["cos_sin"], "layer cos_sin");
-        table.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.head_dim, "head_dim")
+        table.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(1, s.rotary_dim, "rotary_dim")
             .expect_size(0, s.max_position, "the shape's cos_sin rows");
         keep(d["cos_sin"]);
         l.cos_sin = table.ptr<float>();
@@ -170,7 +175,7 @@ class LlamaForwardHandle {
     if (!rope_obj.is_none()) {
       Tensor rope(rope_obj, "rope_cos_sin");
       rope.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, T, "tokens")
-          .expect_size(1, shape_.head_dim, "head_dim");
+          .expect_size(1, shape_.rotary_dim, "the cos_sin table's width");
       b.rope_rows = rope.ptr<float>();
     }
     if (media_rows_obj.is_none() != media_embeds_obj.is_none()) fail("media_rows and media_embeds go together");
@@ -248,7 +253,7 @@ void bind_forward(py::module_& m) {
            py::arg("media_rows") = py::none(), py::arg("media_embeds") = py::none(),
            "Runs one step; logits [len(logits_indices), vocab] float32 are written in place. prompt_lens "
            "(int32 [sequences]): a row whose position is below its sequence's is a prompt token. rope_cos_sin "
-           "(float32 [tokens, head_dim]): each row's own rotary cos/sin instead of the table's at its position; "
+           "(float32 [tokens, rotary dims]): each row's own rotary cos/sin instead of the table's at its position; "
            "media_rows (int64 [k]) with media_embeds (float32 [k, hidden]): rows whose embedding is replaced.");
 }
 

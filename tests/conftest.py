@@ -86,6 +86,17 @@ def tiny_gemma3_gguf(tiny_gemma3_dir: Path, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
+def tiny_phi3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-phi3"), "phi3", 5)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_gguf(tiny_phi3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Phi-3 as llama.cpp's converter writes it (attn_qkv, a fused ffn_up, rope factor tensors)."""
+    return write_gguf(tiny_phi3_dir, tmp_path_factory.mktemp("gguf") / "tiny-phi3.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
 
@@ -150,6 +161,16 @@ def tiny_gemma3(tiny_gemma3_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_gemma3_from_gguf(tiny_gemma3_gguf: Path) -> LoadedModel:
     return load_model(str(tiny_gemma3_gguf), dtype=torch.float32, quantization="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tiny_phi3_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_phi3_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_from_gguf(tiny_phi3_gguf: Path) -> LoadedModel:
+    return load_model(str(tiny_phi3_gguf), dtype=torch.float32, quantization="none")
 
 
 @pytest.fixture(scope="session")

@@ -250,7 +250,7 @@ void LlamaForward::run(const LlamaBatch& b) {
     if (L.k_norm != nullptr)
       head_rms_norm({qkv + qsz, L.k_norm, T, s.kv_heads, s.head_dim, qkv_w, s.eps, DType::kFloat32, DType::kFloat32});
     const float* table = b.rope_rows == nullptr && L.cos_sin != nullptr ? L.cos_sin : rope_table;
-    rotary_embedding({rope_positions, qkv, qkv + qsz, table, T, s.heads, s.kv_heads, s.head_dim, s.head_dim,
+    rotary_embedding({rope_positions, qkv, qkv + qsz, table, T, s.heads, s.kv_heads, s.head_dim, s.rotary_dim,
                       qkv_w, qkv_w, true, DType::kFloat32});
     reshape_and_cache({qkv + qsz, qkv + qsz + kvsz, qkv_w, qkv_w, key_caches_[li], value_caches_[li], b.slot_mapping,
                        T, s.block_size, s.kv_heads, s.head_dim, DType::kFloat32, s.kv_dtype});

@@ -58,7 +58,8 @@ struct LlamaShape {
   int64_t hidden, intermediate, vocab;
   int heads, kv_heads, head_dim;
   float eps, attn_scale;
-  const float* cos_sin;  // [max_position, head_dim]: cos then sin (rotate_half layout)
+  const float* cos_sin;  // [max_position, rotary_dim]: cos then sin (rotate_half layout)
+  int rotary_dim;        // the first rotary_dim dimensions of each q/k head rotate (Phi-3: partial rotary)
   int64_t max_position;
   int block_size;
   DType kv_dtype;
@@ -91,7 +92,7 @@ struct LlamaBatch {
   const int32_t* prompt_lens;  // [num_seqs]: rows at positions below are prompt tokens; nullptr: none are
   // Media (vision-language models; all optional): rows whose embedding is replaced by a row of
   // media_embeds [num_media_rows, hidden] float32 (an image's encoder output at its tokens), and
-  // rope_rows [tokens, head_dim] float32, each row's own rotary cos/sin (multimodal positions) in
+  // rope_rows [tokens, rotary_dim] float32, each row's own rotary cos/sin (multimodal positions) in
   // place of the table row at its position.
   const int64_t* media_rows = nullptr;
   const float* media_embeds = nullptr;

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
+
+
+@dataclass(frozen=True)
+class LongRope:
+    """Phi-3's LongRoPE (transformers' `longrope`): each rotary frequency divided by its short factor
+    at positions below original_max, by its long factor from there on, and cos/sin times
+    attention_factor everywhere (see mindie.model.llama.rope_cos_sin for how positions choose)."""
+    short_factor: tuple[float, ...]  # one per rotary frequency (rotary_dim / 2)
+    long_factor: tuple[float, ...]
+    original_max: int  # original_max_position_embeddings
+    attention_factor: float
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # llama (Mixtral too) | mistral | qwen2 | qwen3 | qwen3moe | gemma3
+    architecture: str  # llama (Mixtral too) | mistral | qwen2 | qwen3 | qwen3moe | gemma3 | phi3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -56,6 +67,10 @@ class ModelConfig:
     # Soft-capping: x -> cap * tanh(x / cap) on the final logits and on attention scores; 0: off
     final_logit_softcap: float = 0.0
     attn_logit_softcap: float = 0.0
+    # Phi-3 / Phi-4-mini. Partial rotary: only the first rotary_dim dimensions of each head rotate
+    # (head_dim * partial_rotary_factor); 0: all of them.
+    partial_rotary_dim: int = 0
+    longrope: LongRope | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -66,12 +81,22 @@ class ModelConfig:
             raise ValueError(f"hidden activation {self.hidden_act!r} is not supported (silu, gelu_tanh)")
         if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
             raise ValueError(f"{len(self.sliding_layers)} layer types for {self.num_layers} layers")
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary dimensions {self.rotary_dim} must be even and in (0, head_dim {self.head_dim}]")
+        if self.longrope and not (len(self.longrope.short_factor) == len(self.longrope.long_factor)
+                                  == self.rotary_dim // 2):
+            raise ValueError(f"LongRoPE needs {self.rotary_dim // 2} short and long factors")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_experts > 0 and layer not in self.mlp_only_layers
                 and (layer + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dimensions of each q/k head rotate."""
+        return self.partial_rotary_dim or self.head_dim
 
     @property
     def attn_scale(self) -> float:

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindie.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from mindie.model.config import SUPPORTED_ARCHITECTURES, LongRope, ModelConfig
+from mindie.model.fused import fused_parts, split_fused
 from mindie.model.gguf_header import GGUFHeader, read_header
 from mindie.model.moe import expert_name
 from mindie.model.quantized import GGML_F16, GGML_F32, QUANTIZED_FORMATS, QuantizedWeight, from_gguf_tensor
@@ -52,6 +53,11 @@ _GEMMA3_LAYER_NAMES = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
+# Phi-3: fused q/k/v, and ffn_up holding gate then up (2 x intermediate rows), split at load (fused.py)
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                     "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# LongRoPE's factors, one per rotary frequency: read into the config, not weights
+_ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short.weight"}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -68,7 +74,7 @@ class GGUFContents:
 
 def layer_names(arch: str) -> dict[str, str]:
     """GGUF -> Hugging Face names of a layer's tensors (under blk.N. and model.layers.N.)."""
-    return _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    return {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
 
 
 def _hf_name(name: str, arch: str) -> str:
@@ -129,6 +135,7 @@ def _config(path: str, header: GGUFHeader) -> ModelConfig:
         qk_norm="blk.0.attn_q_norm.weight" in names,
         **_moe_fields(meta, names),
         **(_gemma3_fields(meta, hidden) if arch == "gemma3" else {}),
+        **(_phi3_fields(meta, header) if arch == "phi3" else {}),
     )
 
 
@@ -183,6 +190,28 @@ def _gemma3_fields(meta: Callable[..., Any], hidden: int) -> dict[str, Any]:
     )
 
 
+def _phi3_fields(meta: Callable[..., Any], header: GGUFHeader) -> dict[str, Any]:
+    """Phi-3's ModelConfig fields as llama.cpp's converter writes them: rope.dimension_count (partial
+    rotary), rope_factors_long / rope_factors_short with rope.scaling.original_context_length and
+    attn_factor (LongRoPE), attention.sliding_window on every layer (0: none, Phi-4)."""
+    factors = {kind: t for t in header.tensors for kind, name in _ROPE_FACTORS.items() if t.name == name}
+    longrope = None
+    if factors:
+        if len(factors) != 2 or any(t.qtype != GGML_F32 for t in factors.values()):
+            raise ValueError("Phi-3 LongRoPE needs F32 rope_factors_long and rope_factors_short")
+        short, long = (tuple(float(f) for f in np.asarray(header.tensor_bytes(factors[k]), dtype=np.float32).reshape(-1))
+                       for k in ("short", "long"))
+        longrope = LongRope(short, long, int(meta("rope.scaling.original_context_length")),
+                            float(meta("rope.scaling.attn_factor", 1.0)))
+    window = int(meta("attention.sliding_window", 0))
+    return dict(
+        partial_rotary_dim=int(meta("rope.dimension_count", 0)),
+        longrope=longrope,
+        sliding_window=window,
+        sliding_layers=(True,) * int(meta("block_count")) if window else (),
+    )
+
+
 def _heads_to_unpermute(config: ModelConfig, name: str) -> int | None:
     """llama.cpp permutes q/k rows of Llama-architecture models; the head count to undo it with."""
     if config.architecture != "llama":
@@ -206,6 +235,8 @@ def read_gguf(path: str) -> GGUFContents:
     config = _config(path, header)
     weights: dict[str, torch.Tensor] = {}
     for t in header.tensors:
+        if t.name in _ROPE_FACTORS.values():
+            continue  # in the config
         try:
             qtype = gguf.GGMLQuantizationType(t.qtype)
         except ValueError:
@@ -225,6 +256,7 @@ def read_gguf(path: str) -> GGUFContents:
             continue
         weights[_hf_name(t.name, config.architecture)] = torch.from_numpy(
             np.array(w, dtype=np.float32, order="C", copy=True))
+    split_fused(config, weights)
     return GGUFContents(config, weights, _metadata(header))
 
 
@@ -245,6 +277,8 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
     vectors: dict[str, torch.Tensor] = {}
     raw: np.ndarray | None = None
     for t in header.tensors:
+        if t.name in _ROPE_FACTORS.values():
+            continue  # in the config
         raw = header.tensor_bytes(t)
         if len(t.shape) == 1:
             if t.qtype not in (GGML_F32, GGML_F16):
@@ -260,6 +294,15 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
             del expert
             continue
         rows = int(np.prod(t.shape[1:]))
+        name = _hf_name(t.name, config.architecture)
+        parts = fused_parts(config, name)
+        if parts is not None:  # whole rows of blocks: exact
+            if rows != parts[-1][2]:
+                raise ValueError(f"{path}: tensor {t.name}: {rows} rows, expected {parts[-1][2]}")
+            for part, start, end in parts:
+                matrices[part] = from_gguf_tensor(t.qtype, raw.reshape(rows, -1)[start:end],
+                                                  int(t.shape[0])).packed_in_panels()
+            continue
         try:
             w = from_gguf_tensor(t.qtype, raw.reshape(rows, -1), int(t.shape[0]))
         except ValueError as e:
@@ -267,7 +310,7 @@ def read_gguf_quantized(path: str) -> QuantizedGGUFContents:
         heads = _heads_to_unpermute(config, t.name)
         if heads is not None:
             w = w.permute_rows(_unpermute(np.arange(rows), heads))
-        matrices[_hf_name(t.name, config.architecture)] = w.packed_in_panels()
+        matrices[name] = w.packed_in_panels()
     metadata = _metadata(header)
     del raw  # the last view into the mapping
     header.data.close()  # every tensor was copied: the mapping would only keep the file resident

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import torch
 
-from mindie.model.config import ModelConfig
+from mindie.model.config import LongRope, ModelConfig
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
-                  "Gemma3ForCausalLM": "gemma3",
+                  "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3",
                   "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
@@ -67,6 +68,37 @@ def _gemma3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _phi3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3 / Phi-4-mini's ModelConfig fields: partial rotary, LongRoPE (transformers 5's
+    rope_parameters, or rope_scaling with the older type names su / longrope) and a sliding window on
+    every layer when the config has one (transformers then masks every layer with it)."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind not in ("default", "longrope", "su"):
+        raise ValueError(f"{path}: Phi-3 rope type {kind!r} is not supported (default, longrope)")
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    window = int(cfg.get("sliding_window") or 0)
+    longrope = None
+    if kind != "default":
+        original = int(rope.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"])
+        # transformers' _compute_longrope_parameters: the factor defaults to the context's growth
+        factor = float(rope.get("factor") or int(cfg["max_position_embeddings"]) / original)
+        attention = rope.get("attention_factor")
+        if attention is None:
+            attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+        longrope = LongRope(tuple(float(f) for f in rope["short_factor"]),
+                            tuple(float(f) for f in rope["long_factor"]), original, float(attention))
+    return dict(
+        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        partial_rotary_dim=int(head_dim * partial),
+        longrope=longrope,
+        sliding_window=window,
+        sliding_layers=(True,) * int(cfg["num_hidden_layers"]) if window else (),
+    )
+
+
 def read_config(path: str) -> ModelConfig:
     cfg = read_raw_config(path)
     names = cfg.get("architectures") or []
@@ -76,7 +108,7 @@ def read_config(path: str) -> ModelConfig:
             f"{path}: config.json architectures {names} not supported; supported: {sorted(_ARCHITECTURES)}"
         )
     heads = int(cfg["num_attention_heads"])
-    extra = _gemma3_fields(path, cfg) if arch == "gemma3" else {}
+    extra = _gemma3_fields(path, cfg) if arch == "gemma3" else _phi3_fields(path, cfg) if arch == "phi3" else {}
     rope = {} if extra else cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     mrope = tuple(int(n) for n in rope.get("mrope_section") or ())
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):

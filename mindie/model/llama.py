@@ -70,13 +70,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def rope_cos_sin(config: ModelConfig, max_position: int, theta: float | None = None,
                  linear_factor: float = 1.0) -> torch.Tensor:
-    """[max_position, head_dim] float32: cos of each frequency, then sin (Hugging Face values).
-    `theta` (default: the config's rope_theta) and linear scaling, which divides the frequencies."""
-    d = config.head_dim
-    inv_freq = 1.0 / ((theta or config.rope_theta) ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    inv_freq = inv_freq / linear_factor
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.int64).float(), inv_freq)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
+    """[max_position, rotary_dim] float32: cos of each frequency, then sin (Hugging Face values).
+    `theta` (default: the config's rope_theta) and linear scaling, which divides the frequencies.
+
+    LongRoPE (Phi-3): row p takes the short factors below original_max and the long ones from there
+    on, both times attention_factor. transformers chooses per forward call by its largest position,
+    so one token at a time (its forward with a KV cache) gives exactly these rows: a sequence's keys
+    at positions below original_max keep their short rotation. Its one-call prefill of a longer prompt,
+    and generate(), which recomputes the cache once the sequence grows past original_max, rotate every
+    position by the long factors instead; a table per position keeps a row independent of its
+    sequence's length and of its batch (vLLM picks long for a whole batch once any row is past it)."""
+    d = config.rotary_dim
+    exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    base = (theta or config.rope_theta) ** exponents
+    positions = torch.arange(max_position, dtype=torch.int64).float()
+    lr = config.longrope
+    if lr is None:
+        freqs = torch.outer(positions, 1.0 / base / linear_factor)
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
+    # transformers' order of operations: 1 / (factor * base ** exponent)
+    short = 1.0 / (torch.tensor(lr.short_factor, dtype=torch.float32) * base)
+    long = 1.0 / (torch.tensor(lr.long_factor, dtype=torch.float32) * base)
+    freqs = torch.where((positions < lr.original_max)[:, None], torch.outer(positions, short),
+                        torch.outer(positions, long))
+    return torch.cat([freqs.cos() * lr.attention_factor, freqs.sin() * lr.attention_factor], dim=-1).contiguous()
 
 
 def layer_rope_tables(config: ModelConfig) -> list[torch.Tensor]:

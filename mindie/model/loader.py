@@ -51,12 +51,14 @@ def default_model_path() -> str:
 def load_weights(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """Float32 weights under Hugging Face names, with the model's shape and tokenizer."""
     if os.path.isdir(path):
+        from mindie.model.fused import split_fused
         from mindie.model.hf_dir import read_config, read_weights, shift_gemma_norms
 
         config = read_config(path)
         weights = read_weights(path)
         if config.architecture == "gemma3":
             shift_gemma_norms(weights)
+        split_fused(config, weights)
         return config, weights, Tokenizer.from_hf_dir(path, config.eos_token_ids)
     if _is_gguf(path):
         from mindie.model.gguf_file import read_gguf

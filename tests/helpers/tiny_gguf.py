@@ -5,6 +5,7 @@ the byte-level tokenizer as `gpt2` metadata with its chat template."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -17,7 +18,7 @@ from mindie.model.hf_dir import read_weights
 # Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes (Mixtral as llama,
 # with experts); it permutes the q/k rows of llama models only.
 GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama",
-                      "gemma3_text": "gemma3"}
+                      "gemma3_text": "gemma3", "phi3": "phi3"}
 # llama.cpp's expert tensors: per MoE layer, one 3-D tensor per projection
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
@@ -71,6 +72,22 @@ def _gguf_tensors(weights: dict[str, torch.Tensor], cfg: dict, arch: str) -> dic
     return out
 
 
+def _add_phi3(w: gguf.GGUFWriter, cfg: dict, head_dim: int) -> None:
+    """As Phi3MiniModel.set_gguf_parameters and generate_extra_tensors: rotary dimensions, the window
+    (0: none), and with LongRoPE the original context, the attention factor and both factor tensors."""
+    rope = cfg["rope_parameters"]
+    w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    original = rope.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"]
+    w.add_rope_scaling_orig_ctx_len(original)
+    if not rope.get("long_factor"):
+        return
+    scale = cfg["max_position_embeddings"] / original
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0)
+    w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+
+
 def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
     from tokenizers import Tokenizer
 
@@ -95,7 +112,7 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
 
 def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
                ) -> Path:
-    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE, Mixtral or Gemma 3 checkpoint) as a GGUF file; matrices in
+    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma 3 or Phi-3 checkpoint) as a GGUF file; matrices in
     `matrix_type` (F32, or a block format the gguf package quantizes to), norms, biases and routers
     F32, as llama.cpp keeps them."""
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -122,6 +139,8 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
         w.add_sliding_window(cfg["sliding_window"])
         if cfg.get("final_logit_softcapping"):
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "phi3":
+        _add_phi3(w, cfg, head_dim)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")

@@ -59,6 +59,16 @@ GEMMA3 = dict(num_hidden_layers=6, head_dim=32, query_pre_attn_scalar=32, slidin
               eos_token_id=256 + GEMMA3_SPECIALS.index("<end_of_turn>"), pad_token_id=256,
               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+# Phi-4-mini's shape in small: three quarters of each head rotate (12 of 16 dimensions), LongRoPE with
+# its factors distinct per frequency and original_max_position_embeddings 32, so the parity test's
+# generations cross it (max_position_embeddings 512 makes the attention factor sqrt(1 + ln 16 / ln 32));
+# Phi-3-mini-4k's sliding window (every layer), here 24: below the prompts plus their generations.
+PHI3_ROTARY_HALF = 6
+PHI3 = dict(original_max_position_embeddings=32, sliding_window=24, tie_word_embeddings=True,
+            bos_token_id=256, eos_token_id=257, pad_token_id=None,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0 + 0.1 * i for i in range(PHI3_ROTARY_HALF)],
+                             "long_factor": [1.0 + 3.0 * i for i in range(PHI3_ROTARY_HALF)]})
 
 
 def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>"), plain: tuple[str, ...] = (),
@@ -86,6 +96,8 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
         LlamaForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -97,6 +109,8 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
     torch.manual_seed(seed)
     if arch == "gemma3":
         model = Gemma3ForCausalLM(Gemma3TextConfig(**{**TINY, **GEMMA3}))
+    elif arch == "phi3":
+        model = Phi3ForCausalLM(Phi3Config(**TINY, **PHI3))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
     elif arch == "qwen2":
