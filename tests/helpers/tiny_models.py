@@ -202,11 +202,15 @@ def run_greedy(
     return out, logprobs
 
 
-def hf_greedy(hf_model, prompt: list[int], new_tokens: int) -> tuple[list[int], list[float]]:
-    """Reference: transformers' forward with its own KV cache, one token at a time."""
+def hf_greedy(hf_model, prompt: list[int], new_tokens: int, first_call: int | None = None
+              ) -> tuple[list[int], list[float]]:
+    """Reference: transformers' forward with its own KV cache, one token at a time; the prompt in one
+    call, or its first `first_call` tokens in one and the rest in the next."""
     tokens, logprobs = [], []
     with torch.no_grad():
-        out = hf_model(torch.tensor([prompt]), use_cache=True)
+        out = hf_model(torch.tensor([prompt[:first_call]]), use_cache=True)
+        if first_call is not None:
+            out = hf_model(torch.tensor([prompt[first_call:]]), past_key_values=out.past_key_values, use_cache=True)
         for _ in range(new_tokens):
             logits = out.logits[0, -1].float()
             token = int(logits.argmax())

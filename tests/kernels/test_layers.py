@@ -56,7 +56,8 @@ def test_head_rms_norm(isa, dtype, weight_dtype, tokens, heads, head_dim):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("neox", [True, False])
-@pytest.mark.parametrize("head_dim,rot_dim", [(64, 64), (32, 16), (6, 6)])
+# (16, 12) the tiny Phi-3's partial rotary, (128, 96) Phi-4-mini's
+@pytest.mark.parametrize("head_dim,rot_dim", [(64, 64), (32, 16), (6, 6), (16, 12), (128, 96)])
 def test_rotary_embedding(isa, dtype, neox, head_dim, rot_dim):
     gen = torch.Generator().manual_seed(head_dim + rot_dim)
     tokens, q_heads, k_heads = 9, 6, 2

@@ -32,7 +32,8 @@ MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("
           ("tiny_qwen3_moe_from_gguf", "tiny_qwen3_moe_dir"), ("tiny_mixtral", "tiny_mixtral_dir"),
           ("tiny_mixtral_from_gguf", "tiny_mixtral_dir"),
           ("tiny_gemma3", "tiny_gemma3_dir"),
-          ("tiny_gemma3_from_gguf", "tiny_gemma3_dir")]
+          ("tiny_gemma3_from_gguf", "tiny_gemma3_dir"), ("tiny_phi3", "tiny_phi3_dir"),
+          ("tiny_phi3_from_gguf", "tiny_phi3_dir")]
 
 
 @pytest.mark.parametrize("model,hf_dir", MODELS)
@@ -49,7 +50,8 @@ def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, reques
         assert max(abs(a - b) for a, b in zip(lps, want_lp)) < 1e-3
 
 
-@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_gemma3"])
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_gemma3",
+                                   "tiny_phi3"])
 def test_batch_of_one_equals_batch_of_many(model, request):
     ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)
@@ -67,6 +69,37 @@ def test_gemma3_parity_prompts_depend_on_the_window(tiny_gemma3_dir):
     _, unwindowed = run_greedy(LlamaModel(dataclasses.replace(config, sliding_window=0), weights, torch.float32),
                                prompts, 16)
     assert max(abs(a - b) for w, u in zip(windowed, unwindowed) for a, b in zip(w, u)) > 0.05
+
+
+def test_phi3_parity_prompts_depend_on_the_long_factors_and_window(tiny_phi3_dir):
+    """The parity prompts (all below original_max_position_embeddings 32) generate past it: rotating
+    by the short factors there instead, or attending past the window of 24, moves the log-probabilities
+    far past the parity test's 1e-3, so that test checks both."""
+    config, weights, _ = load_weights(str(tiny_phi3_dir))
+    assert config.longrope is not None and config.rotary_dim == 12 < config.head_dim
+    prompts = prompts_for(config.vocab_size)
+    _, want = run_greedy(LlamaModel(config, weights, torch.float32), prompts, 16)
+    short_only = dataclasses.replace(config.longrope, long_factor=config.longrope.short_factor)
+    for changed in (dataclasses.replace(config, longrope=short_only), dataclasses.replace(config, sliding_window=0)):
+        _, got = run_greedy(LlamaModel(changed, weights, torch.float32), prompts, 16)
+        assert max(abs(a - b) for w, u in zip(want, got) for a, b in zip(w, u)) > 0.05
+
+
+@pytest.mark.parametrize("model", ["tiny_phi3", "tiny_phi3_from_gguf"])
+def test_phi3_prompt_past_original_max(model, tiny_phi3_dir, request):
+    """A prompt longer than original_max_position_embeddings (40 > 32). transformers chooses LongRoPE's
+    factors per forward call by its largest position: its one-call prefill rotates every prompt position
+    by the long factors, where our table keeps the short ones below 32 (mindie.model.llama.rope_cos_sin).
+    Ours equals transformers fed the first 32 tokens in one call and the rest in the next (its per-call
+    choice then gives our table's rows), and differs from its one-call prefill."""
+    ours = request.getfixturevalue(model)
+    hf = hf_model_from_dir(tiny_phi3_dir)
+    prompt = torch.randint(0, ours.config.vocab_size, (40,), generator=torch.Generator().manual_seed(11)).tolist()
+    got, got_lp = run_greedy(ours.model, [prompt], 16, chunk=7)
+    want, want_lp = hf_greedy(hf, prompt, 16, first_call=32)
+    assert got[0] == want and max(abs(a - b) for a, b in zip(got_lp[0], want_lp)) < 1e-3
+    _, one_call_lp = hf_greedy(hf, prompt, 16)
+    assert abs(one_call_lp[0] - got_lp[0][0]) > 1e-2
 
 
 def test_embedded_model_matches_transformers():
