@@ -199,7 +199,7 @@ def _phi3_fields(meta: Callable[..., Any], header: GGUFHeader) -> dict[str, Any]
     if factors:
         if len(factors) != 2 or any(t.qtype != GGML_F32 for t in factors.values()):
             raise ValueError("Phi-3 LongRoPE needs F32 rope_factors_long and rope_factors_short")
-        short, long = (tuple(float(f) for f in np.asarray(header.tensor_bytes(factors[k]), dtype=np.float32).reshape(-1))
+        short, long = (tuple(np.asarray(header.tensor_bytes(factors[k]), dtype=np.float32).reshape(-1).tolist())
                        for k in ("short", "long"))
         longrope = LongRope(short, long, int(meta("rope.scaling.original_context_length")),
                             float(meta("rope.scaling.attn_factor", 1.0)))

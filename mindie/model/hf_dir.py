@@ -70,11 +70,11 @@ def _gemma3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _phi3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Phi-3 / Phi-4-mini's ModelConfig fields: partial rotary, LongRoPE (transformers 5's
-    rope_parameters, or rope_scaling with the older type names su / longrope) and a sliding window on
+    rope_parameters, or rope_scaling with the older type names) and a sliding window on
     every layer when the config has one (transformers then masks every layer with it)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ("default", "longrope", "su"):
+    if kind not in ("default", "longrope", "su", "yarn"):  # Phi3Config reads su and yarn as longrope
         raise ValueError(f"{path}: Phi-3 rope type {kind!r} is not supported (default, longrope)")
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)

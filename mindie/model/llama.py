@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3, and the MoE ones:
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3, and the MoE ones:
 Qwen3-MoE, Mixtral) over a paged KV cache.
 
 One forward pass takes a flattened batch: the new tokens of every sequence back to back, with

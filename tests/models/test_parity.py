@@ -102,6 +102,20 @@ def test_phi3_prompt_past_original_max(model, tiny_phi3_dir, request):
     assert abs(one_call_lp[0] - got_lp[0][0]) > 1e-2
 
 
+def test_phi3_unsupported_rope_type_is_refused(tiny_phi3_dir, tmp_path):
+    import json
+    import shutil
+
+    from mindie.model.hf_dir import read_config
+
+    path = shutil.copytree(tiny_phi3_dir, tmp_path / "phi3-dynamic")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["rope_parameters"]["rope_type"] = "dynamic"
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="rope type 'dynamic' is not supported"):
+        read_config(str(path))
+
+
 def test_embedded_model_matches_transformers():
     """SmolLM2-135M-Instruct from its GGUF (Q4_1/Q8_0 dequantized to float32) against
     transformers' LlamaForCausalLM holding the same weights."""
