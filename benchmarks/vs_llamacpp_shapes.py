@@ -4,8 +4,10 @@
                                             [--formats Q4_K_M,Q4_0] [--rounds 3] [--repetitions 3] [--threads N]
                                             [--cache DIR]
 
-Each shape is a Llama-architecture GGUF with random weights (../shared/tools/make-synthetic-gguf.py, F16),
-quantized by llama-quantize from DIR; both are made once into --cache (default ~/.cache/mindie-bench),
+Each shape is a GGUF with random weights, F16: a Llama-architecture one (../shared/tools/make-synthetic-gguf.py),
+or a Qwen3, Qwen3-MoE or Gemma 3 one (benchmarks/make_family_gguf.py: qwen3-1.7b, qwen3-4b, gemma-3-1b, and
+qwen3-30b-a3b-32e, Qwen3-30B-A3B's layers with 32 of its 128 experts), quantized by llama-quantize from DIR;
+both are made once into --cache (default ~/.cache/mindie-bench),
 outside the repository. Per file and round, interleaved so that a noisy stretch of the machine hits both:
   the read bandwidth (torch summing 1 GB, benchmarks/common.py) and the dot-product peak (a register-only
   loop of the instruction our prefill kernel uses, _C.dot_peak);
@@ -20,6 +22,7 @@ context; the lm_head runs for the last token alone) x tok/s over the peak.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import torch
 from common import memory_read_bandwidth
+from make_family_gguf import SHAPES as FAMILY_SHAPES
 from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench_any, our_decode, our_prefill, random_ids
 
 from mindie import _C, LLM, SamplingParams
@@ -43,6 +47,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "llama-3.1-8b": {"hidden": 4096, "layers": 32, "heads": 32, "kv-heads": 8, "ffn": 14336},
 }
 TOOLS = Path(__file__).resolve().parents[2] / "shared" / "tools"
+KNOWN = [*SHAPES, *FAMILY_SHAPES]
 
 
 def model_file(args: argparse.Namespace, shape: str, fmt: str) -> Path:
@@ -53,10 +58,13 @@ def model_file(args: argparse.Namespace, shape: str, fmt: str) -> Path:
     args.cache.mkdir(parents=True, exist_ok=True)
     f16 = args.cache / f"{shape}-f16.gguf"
     if not f16.is_file():
-        dims = [a for k, v in SHAPES[shape].items() for a in (f"--{k}", str(v))]
         print(f"writing {f16} ...", flush=True)
-        subprocess.run([sys.executable, str(args.tools / "make-synthetic-gguf.py"), str(default_model_path()),
-                        str(f16) + ".part", *dims], check=True, stdout=subprocess.DEVNULL)
+        if shape in FAMILY_SHAPES:
+            command = [str(Path(__file__).with_name("make_family_gguf.py")), shape, str(f16) + ".part"]
+        else:
+            dims = [a for k, v in SHAPES[shape].items() for a in (f"--{k}", str(v))]
+            command = [str(args.tools / "make-synthetic-gguf.py"), str(default_model_path()), str(f16) + ".part", *dims]
+        subprocess.run([sys.executable, *command], check=True, stdout=subprocess.DEVNULL)
         os.replace(str(f16) + ".part", f16)
     print(f"quantizing {out.name} ...", flush=True)
     subprocess.run([str(args.llama_bin / "llama-quantize"), str(f16), str(out) + ".part", fmt, str(args.threads)],
@@ -66,20 +74,25 @@ def model_file(args: argparse.Namespace, shape: str, fmt: str) -> Path:
 
 
 def per_token_work(path: Path) -> tuple[int, float, str]:
-    """(bytes a decode token reads, prefill FLOPs per token of a PREFILL-token prompt, formats) of a GGUF."""
+    """(bytes a decode token reads, prefill FLOPs per token of a PREFILL-token prompt, formats) of a GGUF.
+    An MoE layer's experts count at their active share (expert_used_count of expert_count)."""
     header = read_header(str(path))
     f = header.fields
     arch = f["general.architecture"]
     layers, hidden = f[f"{arch}.block_count"], f[f"{arch}.embedding_length"]
+    active = f[f"{arch}.expert_used_count"] / f[f"{arch}.expert_count"] if f"{arch}.expert_count" in f else 1.0
     tensors = {t.name: t for t in header.tensors}
     ends = sorted(t.offset for t in header.tensors) + [len(header.data)]
     size = {t.name: ends[ends.index(t.offset) + 1] - t.offset for t in header.tensors}  # with alignment padding
-    read = sum(n for name, n in size.items() if name != "token_embd.weight" or "output.weight" not in tensors)
-    params = sum(t.shape[0] * t.shape[1] for t in header.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    share = {t.name: active if t.name.endswith("_exps.weight") else 1.0 for t in header.tensors}
+    read = int(sum(n * share[name] for name, n in size.items()
+                   if name != "token_embd.weight" or "output.weight" not in tensors))
+    params = sum(math.prod(t.shape) * share[t.name] for t in header.tensors
+                 if t.name.startswith("blk.") and len(t.shape) >= 2)
     attention = 4 * layers * hidden * (PREFILL + 1) / 2  # q.k and p.v at the mean context
     formats: dict[str, int] = {}
     for t in header.tensors:
-        if len(t.shape) == 2:
+        if len(t.shape) >= 2:
             name = _qtype_name(t.qtype)
             formats[name] = formats.get(name, 0) + 1
     return read, 2 * params + attention, ", ".join(f"{k} x{v}" for k, v in sorted(formats.items()))
@@ -137,7 +150,7 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama-bin", type=Path, required=True, help="folder holding llama-bench and llama-quantize")
-    ap.add_argument("--shapes", default="llama-3.2-1b,smollm2-1.7b", help=f"comma-separated, of {', '.join(SHAPES)}")
+    ap.add_argument("--shapes", default="llama-3.2-1b,smollm2-1.7b", help=f"comma-separated, of {', '.join(KNOWN)}")
     ap.add_argument("--formats", default="Q4_K_M,Q4_0", help="llama-quantize types, comma-separated")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "mindie-bench")
     ap.add_argument("--tools", type=Path, default=TOOLS, help="folder holding make-synthetic-gguf.py")
@@ -147,8 +160,8 @@ def main() -> None:
                     help="per round: llama-bench -r and our prefill runs (each side's median/mean of them)")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
-    if unknown := [s for s in shapes if s not in SHAPES]:
-        ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    if unknown := [s for s in shapes if s not in KNOWN]:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}; known: {', '.join(KNOWN)}")
     if missing := [b for b in ("llama-bench", "llama-quantize") if not (args.llama_bin / b).is_file()]:
         ap.error(f"{', '.join(missing)} not found in {args.llama_bin} (build with ../shared/tools/build-llamacpp.sh)")
 

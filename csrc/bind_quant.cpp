@@ -2,6 +2,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bindings.h"
 #include "cpu/dot_peak.h"
@@ -129,7 +130,7 @@ void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle 
 
 // Up to kMaxQMatmulTargets matrices that share one input, in one call (their rows split over the
 // threads as one range), as the forward step projects q/k/v and gate/up.
-void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
+kc::QMatmulArgs group_args(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
   kc::QMatmulArgs args{};
   int8_activations(q_obj, d_obj, args);
   const auto n = static_cast<int64_t>(weights.size());
@@ -145,8 +146,27 @@ void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, con
     args.targets[j] = {w, nullptr, out.ptr<float>(), out.stride(0)};
   }
   args.num_targets = static_cast<int>(n);
+  return args;
+}
+
+void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
+  const kc::QMatmulArgs args = group_args(outs, q_obj, d_obj, weights);
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
+}
+
+// Independent qmatmul_group calls, each (outs, xq, xd, weights), in one (the routed experts of a step).
+void qmatmul_batch(const py::list& calls) {
+  const auto n = static_cast<int64_t>(calls.size());
+  if (n > kc::kMaxQMatmulBatch) fail("calls: at most " + std::to_string(kc::kMaxQMatmulBatch) + ", got " + std::to_string(n));
+  std::vector<kc::QMatmulArgs> args;
+  for (const py::handle call : calls) {
+    const auto t = py::reinterpret_borrow<py::tuple>(call);
+    if (t.size() != 4) fail("calls: each a tuple (outs, xq, xd, weights)");
+    args.push_back(group_args(t[0].cast<py::list>(), t[1], t[2], t[3].cast<py::list>()));
+  }
+  py::gil_scoped_release nogil;
+  kc::qmatmul_batch({args.data(), static_cast<int>(n)});
 }
 
 void qmatmul_bf16(py::handle out_obj, py::handle x_obj, py::handle data_obj, int ggml_type, py::handle bias_obj,
@@ -217,6 +237,9 @@ void bind_quant(py::module_& m) {
   m.def("qmatmul_group", &qmatmul_group, py::arg("outs"), py::arg("xq"), py::arg("xd"), py::arg("weights"),
         "outs[j] [m, n_j] float32 = dequant(xq, xd) @ W_j^T for 1 to 4 weights (ggml_type, data, cols, rows, "
         "packed) that share the input, in one call whose threads split all their rows as one range.");
+  m.def("qmatmul_batch", &qmatmul_batch, py::arg("calls"),
+        "Up to 16 independent qmatmul_group calls, each a tuple (outs, xq, xd, weights), in one: the same "
+        "results; calls of few int8 rows, all as many, against packed matrices run as one walk over their panels.");
   m.def("qmatmul_bf16", &qmatmul_bf16, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("ggml_type"),
         py::arg("bias") = py::none(), py::arg("packed") = false,
         "out [m, n] float32 = x [m, k] bfloat16 @ bf16(W)^T (+ bias): W the GGUF blocks [n, row_bytes] of "

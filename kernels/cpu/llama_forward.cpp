@@ -183,29 +183,97 @@ void LlamaForward::moe_mlp(size_t li, const float* x, int64_t T, float* out) {
   for (int32_t t : token_forms_.bf16) row_bf16[t] = 1;
   float* y = sized(routed_y_, T * K * h);
   last_experts_[li].clear();
+  bool batched = std::find(row_bf16.begin(), row_bf16.end(), 1) == row_bf16.end();
   for (int e = 0; e < E; ++e) {
-    const std::vector<int32_t>& rows = expert_rows_[e];
-    const int64_t n = static_cast<int64_t>(rows.size());
-    if (n == 0) continue;  // never touched: its bytes are not read
+    if (expert_rows_[e].empty()) continue;  // never touched: its bytes are not read
     last_experts_[li].push_back(e);
-    RowForms forms;
-    for (int64_t c = 0; c < n; ++c) (row_bf16[rows[c]] ? forms.bf16 : forms.int8).push_back(static_cast<int32_t>(c));
-    forms.all_bf16 = forms.int8.empty();
-    if (forms.bf16.empty() || forms.int8.empty()) {
-      forms.bf16.clear();
-      forms.int8.clear();
+    batched = batched && L.expert_gate[e].quantized && L.expert_up[e].quantized && L.expert_down[e].quantized;
+  }
+  if (batched) {
+    routed_experts_batched(L, x, y);
+  } else {
+    for (int e : last_experts_[li]) {
+      const std::vector<int32_t>& rows = expert_rows_[e];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      RowForms forms;
+      for (int64_t c = 0; c < n; ++c) (row_bf16[rows[c]] ? forms.bf16 : forms.int8).push_back(static_cast<int32_t>(c));
+      forms.all_bf16 = forms.int8.empty();
+      if (forms.bf16.empty() || forms.int8.empty()) {
+        forms.bf16.clear();
+        forms.int8.clear();
+      }
+      float* xe = sized(expert_x_, n * h);
+      for (int64_t c = 0; c < n; ++c) std::memcpy(xe + c * h, x + rows[c] * h, h * sizeof(float));
+      float* gate_up = sized(expert_gate_up_, n * 2 * ie);
+      project(xe, n, h, forms, {{&L.expert_gate[e], nullptr, gate_up, 2 * ie}, {&L.expert_up[e], nullptr, gate_up + ie, 2 * ie}});
+      float* act = sized(expert_act_, n * ie);
+      silu_and_mul({act, gate_up, n, ie, 2 * ie, ie, DType::kFloat32});
+      float* ye = sized(expert_y_, n * h);
+      project(act, n, ie, forms, {{&L.expert_down[e], nullptr, ye, h}});
+      for (int64_t c = 0; c < n; ++c) std::memcpy(y + expert_slots_[e][c] * h, ye + c * h, h * sizeof(float));
     }
-    float* xe = sized(expert_x_, n * h);
-    for (int64_t c = 0; c < n; ++c) std::memcpy(xe + c * h, x + rows[c] * h, h * sizeof(float));
-    float* gate_up = sized(expert_gate_up_, n * 2 * ie);
-    project(xe, n, h, forms, {{&L.expert_gate[e], nullptr, gate_up, 2 * ie}, {&L.expert_up[e], nullptr, gate_up + ie, 2 * ie}});
-    float* act = sized(expert_act_, n * ie);
-    silu_and_mul({act, gate_up, n, ie, 2 * ie, ie, DType::kFloat32});
-    float* ye = sized(expert_y_, n * h);
-    project(act, n, ie, forms, {{&L.expert_down[e], nullptr, ye, h}});
-    for (int64_t c = 0; c < n; ++c) std::memcpy(y + expert_slots_[e][c] * h, ye + c * h, h * sizeof(float));
   }
   moe_combine({y, weights, ids, T, K, h, out, h});
+}
+
+void LlamaForward::routed_experts_batched(const LlamaLayerWeights& L, const float* x, float* y) {
+  const int64_t h = shape_.hidden, ie = shape_.expert_intermediate;
+  // The routed experts' rows stacked in expert order, as int8 rows: expert e's n rows from offset[e].
+  std::vector<int> experts;
+  std::vector<int64_t> offset;
+  int64_t rows = 0;
+  for (int e = 0; e < static_cast<int>(expert_rows_.size()); ++e) {
+    if (expert_rows_[e].empty()) continue;
+    experts.push_back(e);
+    offset.push_back(rows);
+    rows += static_cast<int64_t>(expert_rows_[e].size());
+  }
+  float* xs = sized(expert_x_, rows * h);
+  for (size_t i = 0; i < experts.size(); ++i)
+    for (size_t c = 0; c < expert_rows_[experts[i]].size(); ++c)
+      std::memcpy(xs + (offset[i] + static_cast<int64_t>(c)) * h, x + expert_rows_[experts[i]][c] * h, h * sizeof(float));
+  float* gate_up = sized(expert_gate_up_, rows * 2 * ie);
+  float* act = sized(expert_act_, rows * ie);
+  float* ys = sized(expert_y_, rows * h);
+  // `each(i, args)` fills one expert's call; the calls run in batches of experts with one row count.
+  const auto run_batches = [&](const float* in, int64_t k, auto&& each) {
+    int8_t* q = sized(xq_, 2 * rows * k);
+    float* d = sized(xd_, rows * k / 32);
+    quantize_activations({in, rows, k, k, q, d});
+    std::vector<QMatmulArgs> calls;
+    std::vector<char> done(experts.size(), 0);
+    for (size_t i = 0; i < experts.size(); ++i) {
+      if (done[i]) continue;
+      const int64_t n = static_cast<int64_t>(expert_rows_[experts[i]].size());
+      calls.clear();
+      for (size_t j = i; j < experts.size() && calls.size() < kMaxQMatmulBatch; ++j) {
+        if (done[j] || static_cast<int64_t>(expert_rows_[experts[j]].size()) != n) continue;
+        done[j] = 1;
+        QMatmulArgs a{};
+        a.m = n;
+        a.k = k;
+        a.xq = q + offset[j] * 2 * k;
+        a.xd = d + offset[j] * k / 32;
+        each(j, a);
+        calls.push_back(a);
+      }
+      qmatmul_batch({calls.data(), static_cast<int>(calls.size())});
+    }
+  };
+  run_batches(xs, h, [&](size_t j, QMatmulArgs& a) {
+    float* out = gate_up + offset[j] * 2 * ie;
+    a.targets[0] = {L.expert_gate[experts[j]].q, nullptr, out, 2 * ie};
+    a.targets[1] = {L.expert_up[experts[j]].q, nullptr, out + ie, 2 * ie};
+    a.num_targets = 2;
+  });
+  silu_and_mul({act, gate_up, rows, ie, 2 * ie, ie, DType::kFloat32});
+  run_batches(act, ie, [&](size_t j, QMatmulArgs& a) {
+    a.targets[0] = {L.expert_down[experts[j]].q, nullptr, ys + offset[j] * h, h};
+    a.num_targets = 1;
+  });
+  for (size_t i = 0; i < experts.size(); ++i)
+    for (size_t c = 0; c < expert_slots_[experts[i]].size(); ++c)
+      std::memcpy(y + expert_slots_[experts[i]][c] * h, ys + (offset[i] + static_cast<int64_t>(c)) * h, h * sizeof(float));
 }
 
 void LlamaForward::run(const LlamaBatch& b) {

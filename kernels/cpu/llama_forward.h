@@ -132,6 +132,10 @@ class LlamaForward {
   // Layer li's MoE MLP over x [T, hidden] into out [T, hidden]: the router, top-k, then per expert
   // its rows gathered through gate/up -> SiLU * up -> down, and the weighted sum back per row.
   void moe_mlp(size_t li, const float* x, int64_t T, float* out);
+  // The routed experts of a layer whose rows are all int8 (decode) and whose experts are quantized:
+  // their rows stacked, then gate/up and down in qmatmul_batch calls of experts with one row count
+  // (one call each at batch 1, where every expert has the row), y [T * K, hidden] filled by slot.
+  void routed_experts_batched(const LlamaLayerWeights& L, const float* x, float* y);
 
   LlamaShape shape_;
   std::vector<LlamaLayerWeights> layers_;

@@ -167,8 +167,20 @@ void quantize_activations(const QuantizeActivationsArgs& args);
 void round_to_bf16(const RoundToBf16Args& args);
 void qmatmul(const QMatmulArgs& args);
 
+// Several independent calls (each its own input rows and targets) in one: the same results as
+// qmatmul on each. Calls of few int8 rows, all as many, against matrices packed in panels run as one
+// walk over all their panels on the threads (the routed experts of a decode step: one dispatch
+// instead of one per expert, and the prefetches run on from one matrix into the next); otherwise
+// each call runs alone.
+constexpr int kMaxQMatmulBatch = 16;
+struct QMatmulBatchArgs {
+  const QMatmulArgs* calls;
+  int num_calls;
+};
+void qmatmul_batch(const QMatmulBatchArgs& args);
+
 #define MINDIE_QUANT_KERNELS(X)                                                           \
   X(dequantize_rows, DequantizeArgs) X(quantize_activations, QuantizeActivationsArgs) \
-  X(round_to_bf16, RoundToBf16Args) X(qmatmul, QMatmulArgs)
+  X(round_to_bf16, RoundToBf16Args) X(qmatmul, QMatmulArgs) X(qmatmul_batch, QMatmulBatchArgs)
 
 }  // namespace mindie::kernels::cpu

@@ -71,6 +71,7 @@ void prefetch_panel(const QMatrix& w, int64_t row0) {
 struct Panel {
   const QMatmulTarget* target;
   int64_t row0;
+  int call = 0;  // which of a batch's calls (qmatmul_batch) the target belongs to
 };
 
 // out[(r * cols + c) * 16 + lane] for panels p[0..panels) and activation rows c0.. (bias added) to the
@@ -129,19 +130,28 @@ void apply_format(QFormat format, const Panel* p, const PanelBuffer* buf, const 
   });
 }
 
-// The panels of every target, back to back (target j owns panels [first[j], first[j + 1])), split
-// over the threads as contiguous ranges: thread th takes [th * per, min(panels, (th + 1) * per)).
+// The panels of every target of one call or of a batch of calls, back to back (target j owns panels
+// [first[j], first[j + 1])), split over the threads as contiguous ranges: thread th takes
+// [th * per, min(panels, (th + 1) * per)).
 struct PanelSplit {
-  const QMatmulArgs& a;
-  int64_t first[kMaxQMatmulTargets + 1] = {0};
+  const QMatmulTarget* targets[kMaxQMatmulTargets * kMaxQMatmulBatch];
+  int call[kMaxQMatmulTargets * kMaxQMatmulBatch];  // the call target j belongs to
+  int num_targets = 0;
+  int64_t first[kMaxQMatmulTargets * kMaxQMatmulBatch + 1] = {0};
   int64_t panels, threads, per;
 
-  explicit PanelSplit(const QMatmulArgs& args) : a(args) {
-    for (int j = 0; j < a.num_targets; ++j) first[j + 1] = first[j] + (a.targets[j].w.rows + kPanelRows - 1) / kPanelRows;
-    panels = first[a.num_targets];
+  PanelSplit(const QMatmulArgs* calls, int num_calls) {
+    for (int c = 0; c < num_calls; ++c)
+      for (int j = 0; j < calls[c].num_targets; ++j, ++num_targets) {
+        targets[num_targets] = &calls[c].targets[j];
+        call[num_targets] = c;
+        first[num_targets + 1] = first[num_targets] + (calls[c].targets[j].w.rows + kPanelRows - 1) / kPanelRows;
+      }
+    panels = first[num_targets];
     threads = std::min<int64_t>(get_num_threads(), panels);
     per = (panels + threads - 1) / threads;
   }
+  explicit PanelSplit(const QMatmulArgs& a) : PanelSplit(&a, 1) {}
   int target_of(int64_t pn) const {
     int j = 0;
     while (pn >= first[j + 1]) ++j;
@@ -149,7 +159,7 @@ struct PanelSplit {
   }
   Panel locate(int64_t pn) const {
     const int j = target_of(pn);
-    return Panel{&a.targets[j], (pn - first[j]) * kPanelRows};
+    return Panel{targets[j], (pn - first[j]) * kPanelRows, call[j]};
   }
   // Asks for panels [begin, end) at once: a thread's first panels, before its own prefetches run ahead.
   void prefetch(int64_t begin, int64_t end) const {
@@ -193,13 +203,13 @@ void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group, int group =
       int n = 0;
       const int j = split.target_of(pi);
       for (; n < group && pi < end && pi < split.first[j + 1]; ++n, ++pi) {
-        p[n] = {&a.targets[j], (pi - split.first[j]) * kPanelRows};
+        p[n] = {split.targets[j], (pi - split.first[j]) * kPanelRows};
         const uint8_t* next = nullptr;  // the panel staged `group` on, when it is a packed one
         if (pi + group < end) {
           const Panel pn = split.locate(pi + group);
           if (pn.target->w.panels) next = pn.target->w.data + pn.row0 * pn.target->w.row_bytes;
         }
-        buf[n].stage(a.targets[j].w, p[n].row0, next);
+        buf[n].stage(split.targets[j]->w, p[n].row0, next);
       }
       apply_group(p, buf, n);
     }
@@ -252,18 +262,20 @@ class PanelWalk {
 // the cores, which a call of a few microseconds (a 135M model's q/k/v) does not repay.
 constexpr int64_t kClaimedBytes = int64_t{1} << 20;
 
+// C activation rows of each call (xs[c] the rows of calls[c]) against every packed panel of its
+// targets, as it lies.
 template <class D, int C>
-void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
-  const PanelSplit split(a);
-  const int64_t blocks = a.k / 32;
+void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<ActRef>* xs) {
+  const PanelSplit split(calls, num_calls);
   int64_t bytes = 0;
-  for (int j = 0; j < a.num_targets; ++j) bytes += packed_rows(a.targets[j].w.rows) * a.targets[j].w.row_bytes;
+  for (int j = 0; j < split.num_targets; ++j) bytes += packed_rows(split.targets[j]->w.rows) * split.targets[j]->w.row_bytes;
   const auto walk_panels = [&](auto next_range) {
     PanelWalk walk(next_range);
     for (int n = 0; n < kStreamAhead && walk.ahead(n) >= 0; ++n) split.prefetch(walk.ahead(n), walk.ahead(n) + 1);
     for (; walk.current() >= 0; walk.advance()) {
       const Panel p = split.locate(walk.current());
       const QMatrix& w = p.target->w;
+      const int64_t blocks = w.cols / 32;
       const uint8_t* pf = nullptr;
       int64_t pf_bytes = 0;
       if (walk.ahead() >= 0) {
@@ -275,9 +287,10 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
       const uint8_t* panel = w.data + p.row0 * w.row_bytes;
       float out[C * kPanelRows];
       with_format(w.format, [&](auto format) {
-        D::template stream<decltype(format)::value, C>(panel, blocks, x.data(), pf, pf + pf_bytes, pf_step, out);
+        D::template stream<decltype(format)::value, C>(panel, blocks, xs[p.call].data(), pf, pf + pf_bytes, pf_step,
+                                                        out);
       });
-      store_tile(&p, 1, out, a, 0, C);
+      store_tile(&p, 1, out, calls[p.call], 0, C);
     }
   };
   if (bytes >= kClaimedBytes) {
@@ -290,15 +303,10 @@ void stream_panels(const QMatmulArgs& a, const std::vector<ActRef>& x) {
   });
 }
 
-// Each activation row's planes, scales and sums per 16 and per 32 values, shared by every panel
-// (buffers kept from call to call).
-const std::vector<ActRef>& prepare_activations(const QMatmulArgs& a) {
+// Each activation row's planes, scales and sums per 16 and per 32 values, shared by every panel, in
+// `sums` and `x` (buffers kept from call to call).
+void prepare_activations(const QMatmulArgs& a, std::vector<float>& sums, std::vector<ActRef>& x) {
   const int64_t k = a.k, groups = k / 16;
-  // The caller's buffers, named once here: inside the job a thread_local would be the worker's own.
-  thread_local std::vector<float> sums_buffer;
-  thread_local std::vector<ActRef> x_buffer;
-  std::vector<float>& sums = sums_buffer;
-  std::vector<ActRef>& x = x_buffer;
   sums.resize(a.m * (groups + groups / 2));
   x.resize(a.m);
   parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
@@ -317,20 +325,52 @@ const std::vector<ActRef>& prepare_activations(const QMatmulArgs& a) {
       x[c] = {hi, lo, d, sum16, sum32};
     }
   });
-  return x;
+}
+
+// Whether D streams a's rows against its targets as they lie (few rows, every target packed in panels).
+template <class D>
+bool streams(const QMatmulArgs& a) {
+  bool packed = a.m >= 1 && a.m <= D::kStreamCols;
+  for (int j = 0; j < a.num_targets; ++j) packed = packed && a.targets[j].w.panels;
+  return packed;
 }
 
 template <class D>
 void run_int8(const QMatmulArgs& a) {
-  const std::vector<ActRef>& x = prepare_activations(a);
+  // The caller's buffers, named once here: inside the job a thread_local would be the worker's own.
+  thread_local std::vector<float> sums_buffer;
+  thread_local std::vector<ActRef> x_buffer;
+  std::vector<ActRef>& x = x_buffer;
+  prepare_activations(a, sums_buffer, x);
   if constexpr (D::kStreamCols > 0) {
-    bool streams = a.m >= 1 && a.m <= D::kStreamCols;
-    for (int j = 0; j < a.num_targets; ++j) streams = streams && a.targets[j].w.panels;
-    if (streams) return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(a, x); });
+    if (streams<D>(a))
+      return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(&a, 1, &x); });
   }
   for_each_panel_group<D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
     with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(p[0].target->w.format, p, buf, a, x); });
   });
+}
+
+// A batch of int8 calls: those that stream with one row count in one walk over all their panels,
+// any other call alone.
+template <class D>
+void run_int8_batch(const QMatmulBatchArgs& b) {
+  bool together = b.num_calls > 1 && D::kStreamCols > 0;
+  for (int c = 0; c < b.num_calls; ++c)
+    together = together && b.calls[c].xb == nullptr && b.calls[c].m == b.calls[0].m && streams<D>(b.calls[c]);
+  if (!together) {
+    for (int c = 0; c < b.num_calls; ++c) qmatmul(b.calls[c]);
+    return;
+  }
+  if constexpr (D::kStreamCols > 0) {
+    thread_local std::vector<float> sums_buffer[kMaxQMatmulBatch];
+    thread_local std::vector<ActRef> x_buffer[kMaxQMatmulBatch];
+    std::vector<ActRef>* xs = x_buffer;
+    for (int c = 0; c < b.num_calls; ++c) prepare_activations(b.calls[c], sums_buffer[c], xs[c]);
+    with_count<D::kStreamCols>(static_cast<int>(b.calls[0].m), [&](auto cols) {
+      stream_panels<D, decltype(cols)::value>(b.calls, b.num_calls, xs);
+    });
+  }
 }
 
 // Bf16 panels w[0..R) against every activation row, B's tile at a time.
@@ -432,6 +472,16 @@ void qmatmul(const QMatmulArgs& a) {
   if (use_avx512_vnni()) return run_int8<Int8Panel<true>>(a);
 #endif
   run_int8<Int8Panel<false>>(a);
+}
+
+void qmatmul_batch(const QMatmulBatchArgs& b) {
+  if (b.num_calls < 0 || b.num_calls > kMaxQMatmulBatch)
+    throw std::invalid_argument("qmatmul_batch: 0 to " + std::to_string(kMaxQMatmulBatch) + " calls, got " +
+                                std::to_string(b.num_calls));
+#if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
+  if (use_avx512_vnni()) return run_int8_batch<Int8Panel<true>>(b);
+#endif
+  run_int8_batch<Int8Panel<false>>(b);
 }
 
 }  // namespace MINDIE_ISA_NS

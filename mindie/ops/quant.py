@@ -88,6 +88,16 @@ def qmatmul_group(xq: torch.Tensor, xd: torch.Tensor,
     return outs
 
 
+def qmatmul_batch(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[tuple[int, torch.Tensor, int, int, bool]]]]
+                  ) -> list[list[torch.Tensor]]:
+    """qmatmul_group for each (xq, xd, weights) of up to 16 independent calls, in one: the routed
+    experts of a decode step, their panels walked as one range over the threads."""
+    outs = [[torch.empty(xq.shape[0], rows, dtype=torch.float32) for _, _, _, rows, _ in weights]
+            for xq, _, weights in calls]
+    _C.qmatmul_batch([(o, xq, xd, list(weights)) for o, (xq, xd, weights) in zip(outs, calls, strict=True)])
+    return outs
+
+
 def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """bfloat16 [m, k] of float32 x [m, k], rounded to nearest even."""
     out = torch.empty(x.shape, dtype=torch.bfloat16)

@@ -170,6 +170,39 @@ def test_a_group_of_matrices_gives_each_its_own_result(isa, m):
             assert torch.equal(got, ops.qmatmul(q, d, weight, qtype, packed_rows=rows if packed else None))
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_batch_of_calls_gives_each_its_own_result(isa, m):
+    """qmatmul_batch (a layer's routed experts: each call its own input and matrices, walked as one
+    range of panels) gives every matrix the bits a call of its own gives, whatever the thread count,
+    for calls that stream together (packed, one row count, different k) and for those that cannot
+    (a row layout, another row count), which run alone."""
+    calls = []
+    for j, (fmt, k, rows) in enumerate([("Q4_K", 512, 16 * 40 + 3), ("Q6_K", 256, 16 * 9), ("Q4_0", 2048, 16 * 30),
+                                        ("Q8_0", 96, 21)]):
+        group = []
+        for t in range(2 if j % 2 == 0 else 1):  # gate and up share an input; down stands alone
+            data, qtype = random_blocks(fmt, rows + t, k, 10 * j + t)
+            group.append((qtype, ops.pack_panels(data, qtype), k, rows + t, True))
+        q, d = ops.quantize_activations(torch.randn(m, k, generator=torch.Generator().manual_seed(j)))
+        calls.append((q, d, group))
+    q, d = ops.quantize_activations(torch.randn(m + 1, 256, generator=torch.Generator().manual_seed(9)))
+    data, qtype = random_blocks("Q4_K", 37, 256, 99)
+    odd = [(q, d, [(qtype, data, 256, 37, False)])]  # another row count, and a row layout
+    threads = _C.get_num_threads()
+    try:
+        for t in sorted({1, 2, threads}):
+            _C.set_num_threads(t)
+            for batch in (calls, calls + odd, calls[:1]):
+                got = ops.qmatmul_batch(batch)
+                for outs, (xq, xd, group) in zip(got, batch, strict=True):
+                    for out, want in zip(outs, ops.qmatmul_group(xq, xd, group), strict=True):
+                        assert torch.equal(out, want), (t, len(batch))
+    finally:
+        _C.set_num_threads(threads)
+    with pytest.raises(ValueError, match="at most 16"):
+        ops.qmatmul_batch(calls * 5)
+
+
 def test_round_to_bf16_matches_torch(isa):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 45, generator=gen) * torch.logspace(-30, 30, 45)  # odd width: a partial vector
