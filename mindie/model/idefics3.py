@@ -35,6 +35,9 @@ class TiledVision:
 
     config: ModelConfig
     dtype: torch.dtype
+    # SmolVLM's chat template iterates a message's content as parts (a string renders nothing):
+    # the server gives it text as a text part
+    template_reads_parts = True
 
     def _init_vision(self, weights: dict[str, torch.Tensor], raw: dict[str, Any], spec: TileSpec,
                      tokenizer: Tokenizer) -> None:
