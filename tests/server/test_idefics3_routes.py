@@ -1,7 +1,7 @@
-"""Images over HTTP on a tiny Idefics3 server: the chat template's <image> expanded into the tile
-layout, usage counting the image tokens, the same greedy answer as transformers, text-only turns
-through SmolVLM's template (which reads content as parts only), and video parts refused with a
-400 naming the model."""
+"""Images over HTTP on a tiny Idefics3 server (chat, /tokenize, /infer): the chat template's
+<image> expanded into the tile layout, usage counting the image tokens, the same greedy answer as
+transformers, text-only turns through SmolVLM's template (which reads content as parts only), and
+video parts refused with a 400 naming the model."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def test_chat_with_an_image_equals_transformers(server, tiny_idefics3_dir):
     want_ids, want, _ = hf_generate(hf_model(tiny_idefics3_dir), hf_processor(tiny_idefics3_dir), text, [IMAGE], 6)
     assert prompt_ids == want_ids
     assert body["choices"][0]["token_ids"] == want
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": content}]}, timeout=60)
+    assert r.json()["count"] == len(prompt_ids)
+    r = httpx.post(f"{server.url}/infer", json={"inputs": content, "parameters": {"max_new_tokens": 6}}, timeout=60)
+    assert r.status_code == 200, r.text  # /infer's parts: one user turn, the same prompt
+    assert r.json()["generated_text"] == body["choices"][0]["message"]["content"]
 
 
 def test_text_turns_render_through_a_parts_only_template(server):
