@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.tiny_gguf import write_gguf
+from helpers.tiny_idefics3 import TILE, make_tiny_idefics3
 from helpers.tiny_models import make_tiny
 from helpers.tiny_vl import make_tiny_vl
 
@@ -104,6 +105,18 @@ def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen25_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"), qwen25=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Images up to 3 x 3 tiles plus the global image."""
+    return make_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"), smolvlm=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_smolvlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Images resized to one tile each."""
+    return make_tiny_idefics3(tmp_path_factory.mktemp("tiny-smolvlm"), smolvlm=True, longest_edge=TILE)
 
 
 # The loaded models below are shared by every test that needs one, loaded once per session: a

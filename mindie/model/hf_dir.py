@@ -14,7 +14,9 @@ from mindie.model.config import LongRope, ModelConfig
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
                   "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3",
-                  "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2"}
+                  "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2",
+                  # a Llama language model beside mindie.model.idefics3's vision encoder
+                  "Idefics3ForConditionalGeneration": "llama", "SmolVLMForConditionalGeneration": "llama"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 

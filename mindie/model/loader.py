@@ -92,12 +92,14 @@ def _as_name(text: str) -> str | None:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:MAX_NAME_CHARS].strip("._-") or None
 
 
-def _is_vision_dir(path: str) -> bool:
+def _is_vision_dir(path: str, architectures: tuple[str, ...] | None = None) -> bool:
+    """Whether `path` is a Hugging Face directory of one of `architectures` (Qwen2-VL's by default)."""
     if not os.path.isdir(path):
         return False
     from mindie.model.hf_dir import VISION_ARCHITECTURES, read_raw_config
 
-    return any(n in VISION_ARCHITECTURES for n in read_raw_config(path).get("architectures") or [])
+    names = VISION_ARCHITECTURES if architectures is None else architectures
+    return any(n in names for n in read_raw_config(path).get("architectures") or [])
 
 
 def _is_gguf(path: str) -> bool:
@@ -153,6 +155,13 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
 
         config, vl = load_qwen2_vl(source, resolved, quantization)
         return LoadedModel(config, vl, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
+    from mindie.model.idefics3 import ARCHITECTURES as IDEFICS3
+
+    if _is_vision_dir(source, IDEFICS3):
+        from mindie.model.idefics3 import load_idefics3
+
+        config, tiled, tokenizer = load_idefics3(source, resolved, quantization)
+        return LoadedModel(config, tiled, tokenizer, source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)
         return LoadedModel(model.config, model, tokenizer, source, name)

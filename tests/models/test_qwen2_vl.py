@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.media_engine import NEW, assert_same, run
 from helpers.tiny_vl import IDS, draw, hf_generate, hf_model, hf_processor
 
 from mindie.config import EngineConfig
@@ -17,7 +18,6 @@ from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.loader import LoadedModel, load_model
 from mindie.model.qwen2_vl_processor import ImageSpec, preprocess
 
-NEW = 8
 FAMILIES = ["qwen2_vl", "qwen25_vl"]
 
 
@@ -34,28 +34,6 @@ def prompt(loaded: LoadedModel, images: list, text: str = "What is this?") -> tu
     if not images:
         return ids, None
     return loaded.model.prepare_prompt(ids, images)
-
-
-def run(loaded: LoadedModel, prompts: list[tuple[list[int], MediaInputs | None]], **config) -> list:
-    """All prompts in one engine, admitted together: (tokens, log-probabilities, cached tokens) each."""
-    engine = LLMEngine(loaded, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, **config}))
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True, logprobs=0)
-    for i, (ids, media) in enumerate(prompts):
-        engine.add_request(EngineRequest(f"r{i}", ids, params, media=media))
-    got: dict[str, list] = {f"r{i}": [[], [], 0] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            got[out.request_id][0] += out.new_token_ids
-            got[out.request_id][1] += [lp.logprob for lp in out.new_logprobs]
-            got[out.request_id][2] = out.num_cached_prompt_tokens
-    engine.scheduler.blocks.check_invariants()
-    run.preemptions = engine.scheduler.num_preemptions  # type: ignore[attr-defined]
-    return [got[f"r{i}"] for i in range(len(prompts))]
-
-
-def assert_same(ours: list, want: tuple[list[int], list[float]]) -> None:
-    assert ours[0] == want[0]
-    assert max(abs(a - b) for a, b in zip(ours[1], want[1])) < 1e-3
 
 
 @pytest.mark.parametrize("size", [(56, 56), (120, 90), (60, 230), (400, 300)])

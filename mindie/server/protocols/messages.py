@@ -90,6 +90,12 @@ def render_chat(ctx: Serving, messages: list[Any], tools: list[Tool] | None, add
     source = template if template is not None else ctx.tokenizer.chat_template
     if not tools_support.template_takes_tools(source):
         plain, tool_dicts = tools_support.apply_fallback(plain, tool_dicts), None
+    if getattr(ctx.engine.engine.loaded.model, "template_reads_parts", False):
+        # SmolVLM's template iterates a message's content as parts (a string renders nothing):
+        # text goes in as one text part, as vLLM's "openai" content format gives it
+        for m in plain:
+            if isinstance(m.get("content"), str):
+                m["content"] = [{"type": "text", "text": m["content"]}]
     # Each message's text goes through the template as a marker, so the rendered prompt can be
     # cut into the template's text and the client's.
     nonce = secrets.token_hex(8)

@@ -1,0 +1,32 @@
+"""Runs prompts with media through one engine and compares the results with transformers'."""
+
+from __future__ import annotations
+
+from mindie.config import EngineConfig
+from mindie.engine.engine import LLMEngine
+from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
+from mindie.model.loader import LoadedModel
+
+NEW = 8
+
+
+def run(loaded: LoadedModel, prompts: list[tuple[list[int], MediaInputs | None]], **config) -> list:
+    """All prompts in one engine, admitted together: (tokens, log-probabilities, cached tokens) each."""
+    engine = LLMEngine(loaded, EngineConfig(**{"block_size": 4, "num_kv_blocks": 256, **config}))
+    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True, logprobs=0)
+    for i, (ids, media) in enumerate(prompts):
+        engine.add_request(EngineRequest(f"r{i}", ids, params, media=media))
+    got: dict[str, list] = {f"r{i}": [[], [], 0] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id][0] += out.new_token_ids
+            got[out.request_id][1] += [lp.logprob for lp in out.new_logprobs]
+            got[out.request_id][2] = out.num_cached_prompt_tokens
+    engine.scheduler.blocks.check_invariants()
+    run.preemptions = engine.scheduler.num_preemptions  # type: ignore[attr-defined]
+    return [got[f"r{i}"] for i in range(len(prompts))]
+
+
+def assert_same(ours: list, want: tuple[list[int], list[float]]) -> None:
+    assert ours[0] == want[0]
+    assert max(abs(a - b) for a, b in zip(ours[1], want[1])) < 1e-3
