@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_audio import make_tiny_audio
 from helpers.tiny_gguf import write_gguf
 from helpers.tiny_idefics3 import TILE, make_tiny_idefics3
 from helpers.tiny_models import make_tiny
@@ -117,6 +118,11 @@ def tiny_idefics3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_smolvlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Images resized to one tile each."""
     return make_tiny_idefics3(tmp_path_factory.mktemp("tiny-smolvlm"), smolvlm=True, longest_edge=TILE)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_audio_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_audio(tmp_path_factory.mktemp("tiny-qwen2-audio"))
 
 
 # The loaded models below are shared by every test that needs one, loaded once per session: a

@@ -1,12 +1,13 @@
-"""Fetch one image or video a request names (a local path under the directory the operator
+"""Fetch one image, video or audio clip a request names (a local path under the directory the operator
 allows, a base64 `data:` URI, or an http/https URL) and decode images.
 
 Every refusal is a `MediaError` whose message names the part (`where`) and the rule it broke; the
-server answers it as a 400. Limits: the kind's encoded bytes (20 MB for an image, 512 MB for a
-video; a download stops reading there), a timeout per URL, at most `max_redirects` redirects, each
+server answers it as a 400. Limits: the kind's encoded bytes (20 MB for an image or an audio clip,
+512 MB for a video; a download stops reading there), a timeout per URL, at most `max_redirects` redirects, each
 hop's host checked again; URLs whose host resolves to a loopback, link-local or unspecified address
 are refused unless the operator allows them (the server's own ports and cloud metadata services live
-there). Image formats: JPEG and PNG; videos are probed in mindie.media.video.
+there). Image formats: JPEG and PNG; videos are probed in mindie.media.video, audio decoded in
+mindie.media.audio.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from urllib.parse import urljoin, urlsplit
 
 MAX_IMAGE_BYTES = 20 * 2**20  # seeds 000 / 004: images of at most 20 MB
 MAX_VIDEO_BYTES = 512 * 2**20  # seed 004: videos of at most 512 MB
+MAX_AUDIO_BYTES = 20 * 2**20  # seed 004: audio of at most 20 MB
 MAX_IMAGE_PIXELS = 64 * 2**20  # decoded size; a small file can declare a huge canvas
 IMAGE_FORMATS = {"JPEG": "jpeg", "PNG": "png"}
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
@@ -46,6 +48,8 @@ class MediaKind:
 
 IMAGE = MediaKind("image", MAX_IMAGE_BYTES, ("image/jpeg", "image/jpg", "image/png"))
 VIDEO = MediaKind("video", MAX_VIDEO_BYTES, ("video/mp4", "video/avi", "video/x-msvideo", "video/x-ms-wmv"))
+AUDIO = MediaKind("audio", MAX_AUDIO_BYTES, ("audio/wav", "audio/x-wav", "audio/wave", "audio/mpeg", "audio/mp3",
+                                             "audio/flac", "audio/x-flac"))
 
 
 @dataclass(frozen=True)

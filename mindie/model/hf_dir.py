@@ -16,7 +16,9 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Gemma3ForCausalLM": "gemma3", "Phi3ForCausalLM": "phi3",
                   "Qwen2VLForConditionalGeneration": "qwen2", "Qwen2_5_VLForConditionalGeneration": "qwen2",
                   # a Llama language model beside mindie.model.idefics3's vision encoder
-                  "Idefics3ForConditionalGeneration": "llama", "SmolVLMForConditionalGeneration": "llama"}
+                  "Idefics3ForConditionalGeneration": "llama", "SmolVLMForConditionalGeneration": "llama",
+                  # a Qwen2 language model beside mindie.model.qwen2_audio's audio encoder
+                  "Qwen2AudioForConditionalGeneration": "qwen2"}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 

@@ -162,6 +162,13 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
 
         config, tiled, tokenizer = load_idefics3(source, resolved, quantization)
         return LoadedModel(config, tiled, tokenizer, source, name)
+    from mindie.model.qwen2_audio import ARCHITECTURES as QWEN2_AUDIO
+
+    if _is_vision_dir(source, QWEN2_AUDIO):
+        from mindie.model.qwen2_audio import load_qwen2_audio
+
+        config, audio = load_qwen2_audio(source, resolved, quantization)
+        return LoadedModel(config, audio, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
         model, tokenizer = _load_quantized(source, quantization, resolved)
         return LoadedModel(model.config, model, tokenizer, source, name)

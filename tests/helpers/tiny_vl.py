@@ -28,22 +28,27 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_tokenizer(path: Path, template_json: bool = False) -> None:
-    """`template_json`: the chat template in chat_template.json, where Qwen2-VL's processors keep it."""
+def write_tokenizer(path: Path, template_json: bool = False, specials: list[str] = SPECIALS,
+                    template: str = CHAT_TEMPLATE) -> None:
+    """`template_json`: the chat template in chat_template.json, where Qwen2-VL's processors keep it.
+    `specials` and `template`: another family's (tests/helpers/tiny_audio.py); then only the tokenizer
+    files are written, no image preprocessor configs."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(sorted(alphabet))}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS])
+    tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
     tok.save(str(path / "tokenizer.json"))
     config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     if template_json:
-        (path / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}))
+        (path / "chat_template.json").write_text(json.dumps({"chat_template": template}))
     else:
-        config["chat_template"] = CHAT_TEMPLATE
+        config["chat_template"] = template
     (path / "tokenizer_config.json").write_text(json.dumps(config))
+    if specials is not SPECIALS:
+        return
     (path / "preprocessor_config.json").write_text(json.dumps(
         {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14, "temporal_patch_size": 2,
          "merge_size": 2}))
