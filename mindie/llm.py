@@ -98,20 +98,24 @@ class LLM:
         raise ValueError("a prompt must be a string or a dict with 'prompt' or 'prompt_token_ids'")
 
     def _media(self, prompt: Prompt, ids: list[int]) -> tuple[list[int], MediaInputs | None]:
-        """vLLM's {"multi_modal_data": {"image": ..., "video": ...}}, each one or a list: images as
-        Pillow images, videos as file paths, encoded bytes or mindie.media.video.VideoClip. The
-        prompt holds one placeholder per image and per video (a chat template writes them),
-        expanded here."""
+        """vLLM's {"multi_modal_data": {"image": ..., "video": ..., "audio": ...}}, each one or a
+        list: images as Pillow images, videos as file paths, encoded bytes or
+        mindie.media.video.VideoClip, audio as (samples, sampling rate), file paths or encoded
+        bytes. The prompt holds one placeholder per medium (a chat template writes them), expanded here."""
         data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if not data:
             return ids, None
-        if not set(data) <= {"image", "video"}:
-            raise ValueError(f"multi_modal_data takes 'image' and 'video', got {sorted(data)}")
+        if not set(data) <= {"image", "video", "audio"}:
+            raise ValueError(f"multi_modal_data takes 'image', 'video' and 'audio', got {sorted(data)}")
         model = self.engine.loaded.model
-        if not hasattr(model, "prepare_prompt"):
-            raise ValueError(f"the model ({self.engine.loaded.name}) reads text only; it takes no images or videos")
+        reads = model.media_tokens.pads if hasattr(model, "media_tokens") else {}
+        unread = sorted(set(data) - set(reads))
+        if unread:
+            raise ValueError(f"the model ({self.engine.loaded.name}) reads no {' or '.join(unread)}")
         given = {kind: value if isinstance(value, list) else [value] for kind, value in data.items()}
-        return model.prepare_prompt(ids, given.get("image", []), [_video_clip(v) for v in given.get("video", [])])
+        audios = [_audio(a, model.audio_spec) for a in given.get("audio", [])]
+        return model.prepare_prompt(ids, given.get("image", []), [_video_clip(v) for v in given.get("video", [])],
+                                    audios)
 
     def _run(self, results: dict[str, GenerationResult], params: dict[str, SamplingParams], use_tqdm: bool) -> None:
         bar = None
@@ -150,6 +154,24 @@ class LLM:
         if out.finish_reason is not None:
             c.finish_reason = out.finish_reason.value
         result.num_cached_tokens = out.num_cached_prompt_tokens
+
+
+def _audio(audio: Any, spec: Any) -> Any:
+    """Audio the offline API was given ((samples, rate), a file path or encoded bytes) as mono
+    float32 samples at the model's feature extractor's rate (`spec`: an AudioSpec)."""
+    from mindie.media.audio import decode_audio, resample
+
+    if isinstance(audio, tuple) and len(audio) == 2:
+        return resample(audio[0], int(audio[1]), spec.sampling_rate).samples
+    if isinstance(audio, str):
+        with open(audio, "rb") as f:
+            audio, where = f.read(), audio
+    else:
+        where = "the audio"
+    if isinstance(audio, (bytes, bytearray)):
+        return decode_audio(bytes(audio), where, spec.sampling_rate, spec.chunk_length).samples
+    raise ValueError(f"an audio clip is (samples, sampling rate), a file path or encoded bytes, got "
+                     f"{type(audio).__name__}")
 
 
 def _video_clip(video: Any) -> Any:

@@ -52,15 +52,15 @@ class TiledVision:
         self.layout = ImageLayout.from_tokenizer(tokenizer, image_id, enc.tokens_per_tile(spec.tile), spec.max_grid)
         self.media_tokens = MediaTokens({"image": image_id}, None, None)  # no video: the server refuses its parts
 
-    def prepare_prompt(self, token_ids: list[int], images: list[Any], videos: list[Any] = ()
+    def prepare_prompt(self, token_ids: list[int], images: list[Any], videos: list[Any] = (), audios: list[Any] = ()
                        ) -> tuple[list[int], MediaInputs]:
         """A rendered prompt with one <image> per image (Pillow images, in order) -> the prompt with
         each placeholder expanded into its tiles' layout, and one media item per tile. ValueError
-        for videos, or a placeholder count that differs from the image count."""
+        for videos or audio, or a placeholder count that differs from the image count."""
         from mindie.engine.request import MediaInputs, MediaItem
 
-        if videos:
-            raise ValueError(f"{self.name} reads images only; it takes no video")
+        if videos or audios:
+            raise ValueError(f"{self.name} reads images only; it takes no {'video' if videos else 'audio'}")
         found = [i for i, t in enumerate(token_ids) if t == self.layout.image]
         if len(found) != len(images):
             raise ValueError(f"the prompt holds {len(found)} image placeholders for {len(images)} images")

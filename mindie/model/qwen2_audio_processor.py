@@ -116,7 +116,7 @@ class AudioFeatures:
         positions, tokens = num_audio_tokens(frames)
         if tokens < 1:
             raise ValueError(f"the audio is {len(samples) / spec.sampling_rate * 1000:.0f} ms long, too short for one "
-                             f"audio token (at least {4 * spec.hop_length / spec.sampling_rate * 1000:.0f} ms)")
+                             f"audio token (it needs more than {2 * spec.hop_length / spec.sampling_rate * 1000:g} ms)")
         features = np.ascontiguousarray(log_mel(samples, spec, self.filters)[:, : 2 * positions + 1])
         digest = hashlib.sha256(b"audio" + features.tobytes()).digest()
         return AudioInput(features, positions, tokens, digest)

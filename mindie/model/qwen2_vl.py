@@ -78,14 +78,17 @@ class VisionLanguage:
         d = config.head_dim
         self.inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
 
-    def prepare_prompt(self, token_ids: list[int], images: list[Any], videos: list[Any] = ()
+    def prepare_prompt(self, token_ids: list[int], images: list[Any], videos: list[Any] = (), audios: list[Any] = ()
                        ) -> tuple[list[int], MediaInputs]:
         """A rendered prompt with one pad token per image (Pillow images, in order) and per video
         (mindie.media.video.VideoClip, in order) -> the prompt with each pad repeated to its
         medium's token count, and its media. MediaRefused for a medium the preprocessing refuses
-        (ValueError: an aspect ratio; MediaError: a damaged clip); ValueError for pad counts that
-        differ from the media counts."""
+        (ValueError: an aspect ratio; MediaError: a damaged clip); ValueError for audio, or pad
+        counts that differ from the media counts."""
         from mindie.engine.request import MediaInputs, MediaItem
+
+        if audios:
+            raise ValueError("Qwen2-VL reads images and videos; it takes no audio")
 
         inputs: dict[str, list[VisualInput]] = {"image": [], "video": []}
         for kind, given, process in (("image", images, lambda x: preprocess(x, self.image_spec)),

@@ -60,17 +60,17 @@ def tone(seconds: float, freq: float = 440.0, rate: int = RATE, seed: int = 0) -
     return (0.3 * np.sin(2 * np.pi * (freq + 200 * t) * t) + 0.02 * noise).astype(np.float32)
 
 
-def encode(samples: np.ndarray, fmt: str, rate: int = RATE) -> bytes:
-    """`samples` (mono float32 at `rate`) as a wav (PCM 16-bit), mp3 (LAME) or flac file."""
+def encode(samples: np.ndarray, fmt: str, file_rate: int = RATE) -> bytes:
+    """`samples` (mono float32 at RATE) as a wav (PCM 16-bit), mp3 (LAME) or flac file sampled at `file_rate`."""
     import av
 
     codec = {"wav": "pcm_s16le", "mp3": "libmp3lame", "flac": "flac"}[fmt]
     buf = io.BytesIO()
     with av.open(buf, "w", format=fmt) as out:
-        stream = out.add_stream(codec, rate=rate, layout="mono")
+        stream = out.add_stream(codec, rate=file_rate, layout="mono")
         frame = av.AudioFrame.from_ndarray(samples[None, :].astype(np.float32), format="flt", layout="mono")
-        frame.sample_rate = rate
-        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=rate)
+        frame.sample_rate = RATE
+        resampler = av.AudioResampler(format=stream.codec_context.format.name, layout="mono", rate=file_rate)
         for f in resampler.resample(frame) + resampler.resample(None):
             for packet in stream.encode(f):
                 out.mux(packet)

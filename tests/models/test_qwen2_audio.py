@@ -55,8 +55,9 @@ def test_clips_beyond_the_window_or_below_one_token_are_refused():
     features = AudioFeatures(AudioSpec())
     with pytest.raises(ValueError, match="30.00 s long; the model reads at most 30 s"):
         features(np.zeros(30 * RATE + 1, np.float32))
-    with pytest.raises(ValueError, match="too short for one audio token"):
-        features(np.zeros(480, np.float32))
+    with pytest.raises(ValueError, match=r"too short for one audio token \(it needs more than 20 ms\)"):
+        features(np.zeros(320, np.float32))
+    assert features(np.zeros(321, np.float32)).num_tokens == 1
 
 
 def test_encoder_and_projector_equal_transformers(family):
@@ -135,16 +136,20 @@ def test_quantized_step_reads_audio(family):
     want = run(loaded, [prompt(loaded, [clip]), prompt(loaded, [], "Hi."), prompt(loaded, [other])],
                max_prefill_tokens=16)
     for g, w in zip(got, want):
+        # 8-bit weights may flip a near tie (the tiny model's audio turns are flat): the first
+        # token's probability is close either way, and the tokens agree up to a flip
+        assert abs(g[1][0] - w[1][0]) < 0.1
         same = next((i for i, (x, y) in enumerate(zip(g[0], w[0])) if x != y), NEW)
-        assert same >= 3
-        assert max(abs(x - y) for x, y in zip(g[1][:same], w[1][:same])) < 0.1
+        assert all(abs(x - y) < 0.1 for x, y in zip(g[1][:same], w[1][:same]))
+    assert got[1][0] == want[1][0]
     assert got[0][1] != got[2][1]  # the clip is read
+    assert run(quant, [prompt(quant, [clip])])[0][:2] == got[0][:2]  # bit for bit, alone or beside others
 
 
 @pytest.mark.parametrize("fmt", ["wav", "mp3", "flac"])
 def test_decoded_formats_resample_to_the_extractor_rate(fmt):
     clip = tone(1.0, 440)
-    data = encode(clip, fmt, rate=22050 if fmt != "wav" else RATE)
+    data = encode(clip, fmt, file_rate=22050 if fmt != "wav" else RATE)
     audio = decode_audio(data, "part", RATE, 30.0)
     assert audio.sampling_rate == RATE and audio.samples.dtype == np.float32
     assert abs(audio.seconds - 1.0) < 0.1  # MP3 adds its encoder delay and padding

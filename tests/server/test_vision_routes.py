@@ -109,9 +109,9 @@ def test_limits_and_refusals(vl_server):
     r = chat(vl_server, [image_part(DATA_URI)] * 21)
     assert (r.status_code, r.json()["error"]["message"]) == (400, "the request has 21 media parts; the limit is 20")
     r = chat(vl_server, [{"type": "audio_url", "audio_url": "/a.wav"}])
-    assert r.status_code == 400  # 422 on MindIE's routes, 400 on OpenAI's
-    assert r.json()["error"]["message"] == ("messages[0].content[0] is of type 'audio_url'; this server reads text, "
-                                            "image_url and video_url parts (audio is not supported yet)")
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "messages[0].content[0].audio_url: the served model tiny-vl reads text, images and videos; it takes no audio "
+        "parts"))
     r = chat(vl_server, [{"type": "video_url", "video_url": "/a.mp4"}])
     assert (r.status_code, r.json()["error"]["param"]) == (400, "messages[0].content[0].video_url")
     assert "'/a.mp4' is not under the allowed media directory" in r.json()["error"]["message"]

@@ -157,11 +157,11 @@ async def render_parts(ctx: Serving, parts: str | list[ContentPart], field: str,
 
 def _template_content(ctx: Serving, content: str | list[ContentPart] | None, field: str) -> Any:
     """A message's content as the chat template reads it: text, or for a model that reads media
-    and a message that holds some, the parts in order ({"type": "image"} / {"type": "video"} where
-    one goes; the template writes its placeholder there)."""
+    and a message that holds some, the parts in order ({"type": "image"} / {"type": "video"} /
+    {"type": "audio"} where one goes; the template writes its placeholder there)."""
     if content is None or isinstance(content, str):
         return content
-    if not (reads_media(ctx, "image") and any(p.type in MEDIA_PARTS for p in content)):
+    if not any(p.type in MEDIA_PARTS and reads_media(ctx, MEDIA_PARTS[p.type]) for p in content):
         return join_parts(content, field)
     parts: list[dict[str, Any]] = []
     for k, p in enumerate(content):

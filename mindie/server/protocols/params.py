@@ -35,11 +35,24 @@ class VideoURL(Body):
     url: str
 
 
+class AudioURL(Body):
+    url: str
+
+
+class InputAudio(Body):
+    """OpenAI's input_audio part: the file itself, base64, and its format."""
+
+    data: str
+    format: str  # wav | mp3 (OpenAI's), flac; checked with the part (a 400 naming it)
+
+
 class ContentPart(Body):
     type: Literal["text", "image_url", "video_url", "audio_url", "input_audio", "image"]
     text: str | None = None
     image_url: str | ImageURL | None = None  # a bare string (MindIE's docs) or OpenAI's {"url": ...}
     video_url: str | VideoURL | None = None  # the same two forms (vLLM's {"url": ...})
+    audio_url: str | AudioURL | None = None  # the same two forms
+    input_audio: InputAudio | None = None
 
 
 def join_parts(value: str | list[ContentPart], field: str) -> str:
