@@ -131,3 +131,13 @@ def test_tokenize_counts_audio_tokens(audio_server, media_dir):
     r = httpx.post(f"{audio_server.url}/tokenize", json={"model": "tiny-audio", "messages": messages}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["tokens"].count(IDS["<|AUDIO|>"]) == 25
+
+
+def test_infer_reads_an_audio_part_as_the_chat_does(audio_server, media_dir):
+    part = audio_part(str(media_dir / "a.wav"), False)
+    want = chat(audio_server, [{"type": "text", "text": "Name:"}, part]).json()["choices"][0]["message"]["content"]
+    r = httpx.post(f"{audio_server.url}/infer", json={"inputs": [{"type": "text", "text": "Name:"}, part],
+                                                       "parameters": {"do_sample": False, "max_new_tokens": 6}},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["generated_text"] == want
