@@ -15,6 +15,7 @@ import httpx
 import pytest
 from helpers.media_server import MediaServer
 from helpers.server import RunningServer, local_settings
+from helpers.server import chat_with_parts as chat
 from helpers.tiny_vl import draw
 
 from mindie.media import MediaPolicy
@@ -52,12 +53,6 @@ def media_server():
     server = MediaServer({"a.png": png()})
     yield server
     server.close()
-
-
-def chat(server, content, **extra) -> httpx.Response:
-    body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
 
 def image_part(ref, openai_form: bool = True) -> dict:
