@@ -27,6 +27,24 @@ def run(loaded: LoadedModel, prompts: list[tuple[list[int], MediaInputs | None]]
     return [got[f"r{i}"] for i in range(len(prompts))]
 
 
+def run_one_after_another(loaded: LoadedModel, prompts: list[tuple[list[int], MediaInputs | None]]) -> list:
+    """Each prompt in turn through one engine, so that a later one can find an earlier one's blocks in
+    the prefix cache: (tokens, cached prompt tokens) each."""
+    engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=256))
+    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    results = []
+    for i, (ids, media) in enumerate(prompts):
+        engine.add_request(EngineRequest(f"r{i}", ids, params, media=media))
+        tokens: list[int] = []
+        cached = 0
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens += out.new_token_ids
+                cached = out.num_cached_prompt_tokens
+        results.append((tokens, cached))
+    return results
+
+
 def assert_same(ours: list, want: tuple[list[int], list[float]]) -> None:
     assert ours[0] == want[0]
     assert max(abs(a - b) for a, b in zip(ours[1], want[1])) < 1e-3

@@ -7,6 +7,7 @@ import socket
 import threading
 from dataclasses import replace
 
+import httpx
 import uvloop
 
 from mindie.config import EngineConfig
@@ -75,3 +76,11 @@ class RunningServer:
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout=30)
+
+
+def chat_with_parts(server: RunningServer, content: list[dict] | str, **extra: object) -> httpx.Response:
+    """One user turn of `content` (a string or parts) to the chat route: greedy, 6 tokens, the
+    prompt's and the answer's token ids returned."""
+    body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
+            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)

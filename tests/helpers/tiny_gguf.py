@@ -88,7 +88,7 @@ def _add_phi3(w: gguf.GGUFWriter, cfg: dict, head_dim: int) -> None:
     w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
-def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
+def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, for_llama_cpp: bool) -> None:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
@@ -97,12 +97,20 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
     tokens = sorted(vocab, key=vocab.__getitem__)
     types = [(_GGUF_CONTROL if added[i].special else _GGUF_USER_DEFINED) if i in added else _GGUF_NORMAL
              for i in range(len(tokens))]
+    merges: list[str] = []
+    if for_llama_cpp:
+        # As the converter pads a vocabulary to the model's size; and llama.cpp refuses a gpt2 one
+        # without merges (the tests' byte-level tokenizers have none, and the gguf writer drops an
+        # empty list): one merge whose result is no token, so that it never applies.
+        tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+        types += [int(gguf.TokenType.UNUSED)] * (vocab_size - len(types))
+        merges = ["Ā Ā"]
     config = json.loads((hf_dir / "tokenizer_config.json").read_text())
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name (ours reads gpt2, gpt-2 and default alike)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    w.add_token_merges([])
+    w.add_token_merges(merges)
     w.add_eos_token_id(vocab[config["eos_token"]])
     if config.get("bos_token"):
         w.add_bos_token_id(vocab[config["bos_token"]])
@@ -110,11 +118,12 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
     w.add_chat_template(config["chat_template"])
 
 
-def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
-               ) -> Path:
+def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
+               for_llama_cpp: bool = False) -> Path:
     """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma 3 or Phi-3 checkpoint) as a GGUF file; matrices in
     `matrix_type` (F32, or a block format the gguf package quantizes to), norms, biases and routers
-    F32, as llama.cpp keeps them."""
+    F32, as llama.cpp keeps them. `for_llama_cpp`: the tokenizer as llama.cpp's loader needs it (see
+    _write_tokenizer; benchmarks/llamacpp_reads_test_ggufs.py), not as the tests read it."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = GGUF_ARCHITECTURES[cfg["model_type"]]
     heads = cfg["num_attention_heads"]
@@ -149,7 +158,7 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    _write_tokenizer(w, hf_dir)
+    _write_tokenizer(w, hf_dir, cfg["vocab_size"], for_llama_cpp)
     for name, data in _gguf_tensors(read_weights(str(hf_dir)), cfg, arch).items():
         # routers (ffn_gate_inp) stay F32, as llama.cpp's converter and llama-quantize keep them
         quantized = data.ndim > 1 and not name.endswith("ffn_gate_inp.weight")

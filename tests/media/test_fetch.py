@@ -34,11 +34,14 @@ def media_server():
     server.close()
 
 
-def load(ref: str, policy: MediaPolicy = MediaPolicy(allow_private_urls=True)):
+LOOPBACK_ALLOWED = MediaPolicy(allow_private_urls=True)  # the tests' URLs are served on 127.0.0.1
+
+
+def load(ref: str, policy: MediaPolicy = LOOPBACK_ALLOWED):
     return asyncio.run(load_image(ref, policy, "part"))
 
 
-def refused(ref: str, policy: MediaPolicy = MediaPolicy(allow_private_urls=True)) -> str:
+def refused(ref: str, policy: MediaPolicy = LOOPBACK_ALLOWED) -> str:
     with pytest.raises(MediaError) as info:
         load(ref, policy)
     return str(info.value)

@@ -11,13 +11,11 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run
+from helpers.media_engine import NEW, assert_same, run, run_one_after_another
 from helpers.tiny_idefics3 import IDS, IMAGE_SEQ_LEN, TILE, hf_generate, hf_model, hf_processor, preprocessor
 from helpers.tiny_vl import draw
 
-from mindie.config import EngineConfig
-from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
+from mindie.engine.request import MediaInputs
 from mindie.model.idefics3 import Idefics3Model
 from mindie.model.idefics3_processor import TileSpec, preprocess
 from mindie.model.llama_quant import QuantizedLlamaModel
@@ -121,17 +119,7 @@ def test_prefix_cache_hits_the_same_image_and_never_another(family):
     first, other = draw(120, 120, 8), draw(120, 120, 9)
     a, b = prompt(loaded, [first]), prompt(loaded, [other])
     assert a[0] == b[0]  # the same tokens ...
-    engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=256))
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    results = {}
-    for name, (ids, media) in (("a1", a), ("a2", a), ("b", b)):
-        engine.add_request(EngineRequest(name, ids, params, media=media))
-        toks: list[int] = []
-        while engine.has_unfinished():
-            for out in engine.step():
-                toks += out.new_token_ids
-                cached = out.num_cached_prompt_tokens
-        results[name] = (toks, cached)
+    results = dict(zip(("a1", "a2", "b"), run_one_after_another(loaded, [a, a, b]), strict=True))
     assert results["a2"][1] >= len(a[0]) - 4 and results["a2"][0] == results["a1"][0]
     # ... another image behind them: only the blocks before its first tile's tokens are shared
     assert results["b"][1] <= a[1].items[0].offset

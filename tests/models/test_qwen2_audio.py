@@ -9,12 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run
+from helpers.media_engine import NEW, assert_same, run, run_one_after_another
 from helpers.tiny_audio import IDS, RATE, encode, hf_features, hf_generate, hf_model, tone
 
-from mindie.config import EngineConfig
-from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
+from mindie.engine.request import MediaInputs, SamplingParams
 from mindie.media.audio import decode_audio
 from mindie.media.fetch import MediaError
 from mindie.model.llama_quant import QuantizedLlamaModel
@@ -111,20 +109,11 @@ def test_prefix_cache_hits_the_same_clip_and_never_another(family):
     first, other = tone(1.0, 400, seed=7), tone(1.0, 410, seed=8)
     a, b = prompt(loaded, [first]), prompt(loaded, [other])
     assert a[0] == b[0]  # the same placeholder tokens ...
-    engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=256))
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    cached, tokens = {}, {}
-    for name, (ids, media) in (("a1", a), ("a2", a), ("b", b)):
-        engine.add_request(EngineRequest(name, ids, params, media=media))
-        tokens[name] = []
-        while engine.has_unfinished():
-            for out in engine.step():
-                cached[name] = out.num_cached_prompt_tokens
-                tokens[name] += out.new_token_ids
-    assert cached["a2"] >= len(a[0]) - 4 and tokens["a2"] == tokens["a1"]
+    (a1, _), (a2, a2_cached), (b_tokens, b_cached) = run_one_after_another(loaded, [a, a, b])
+    assert a2_cached >= len(a[0]) - 4 and a2 == a1
     # ... another clip behind them: only the blocks before its first audio token are shared
-    assert cached["b"] <= a[1].items[0].offset
-    assert tokens["b"] == hf_generate(hf, b[0], [other], NEW)[0]
+    assert b_cached <= a[1].items[0].offset
+    assert b_tokens == hf_generate(hf, b[0], [other], NEW)[0]
 
 
 def test_quantized_step_reads_audio(family):

@@ -8,12 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run
+from helpers.media_engine import NEW, assert_same, run, run_one_after_another
 from helpers.tiny_vl import IDS, draw, hf_generate, hf_model, hf_processor
 
-from mindie.config import EngineConfig
-from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
+from mindie.engine.request import MediaInputs, SamplingParams
 from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.loader import LoadedModel, load_model
 from mindie.model.qwen2_vl_processor import ImageSpec, preprocess
@@ -97,17 +95,7 @@ def test_prefix_cache_hits_the_same_image_and_never_another(family):
     first, other = draw(120, 120, 8), draw(120, 120, 9)
     a, b = prompt(loaded, [first]), prompt(loaded, [other])
     assert a[0] == b[0]  # the same placeholder tokens ...
-    engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=256))
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    results = {}
-    for name, (ids, media) in (("a1", a), ("a2", a), ("b", b)):
-        engine.add_request(EngineRequest(name, ids, params, media=media))
-        toks: list[int] = []
-        while engine.has_unfinished():
-            for out in engine.step():
-                toks += out.new_token_ids
-                cached = out.num_cached_prompt_tokens
-        results[name] = (toks, cached)
+    results = dict(zip(("a1", "a2", "b"), run_one_after_another(loaded, [a, a, b]), strict=True))
     assert results["a2"][1] >= len(a[0]) - 4 and results["a2"][0] == results["a1"][0]
     # ... another image behind them: only the blocks before its first image token are shared
     assert results["b"][1] <= a[1].items[0].offset

@@ -11,12 +11,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers.media_engine import NEW, assert_same, run, run_one_after_another
 from helpers.tiny_vl import IDS, VIDEO_FPS, VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, clip, draw, hf_generate, hf_model
-from test_qwen2_vl import NEW, assert_same, run
 
-from mindie.config import EngineConfig
-from mindie.engine.engine import LLMEngine
-from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
+from mindie.engine.request import MediaInputs, SamplingParams
 from mindie.media.video import probe_video
 from mindie.model.loader import LoadedModel, load_model
 from mindie.model.qwen2_vl_processor import (
@@ -148,17 +146,7 @@ def test_prefix_cache_hits_the_same_video_and_never_another(family):
     b = prompt(loaded, [probe_video(clip(8, fps=4, seed=32), "video")])
     assert a[0] == b[0] and a[1].items[0].content_hash != b[1].items[0].content_hash
     b_input = b[1].items[0].data
-    engine = LLMEngine(loaded, EngineConfig(block_size=4, num_kv_blocks=256))
-    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    results = {}
-    for name, (ids, media) in (("a1", a), ("a2", a), ("b", b)):  # one after another: a2 finds a1's blocks
-        engine.add_request(EngineRequest(name, ids, params, media=media))
-        toks: list[int] = []
-        while engine.has_unfinished():
-            for out in engine.step():
-                toks += out.new_token_ids
-                cached = out.num_cached_prompt_tokens
-        results[name] = (toks, cached)
+    results = dict(zip(("a1", "a2", "b"), run_one_after_another(loaded, [a, a, b]), strict=True))
     assert results["a2"][1] >= len(a[0]) - 4 and results["a2"][0] == results["a1"][0]
     assert results["b"][1] <= a[1].items[0].offset  # another video: nothing from its first token on
     assert results["b"][0] == hf_generate(hf, b[0], [], NEW, videos=[b_input])[0]

@@ -76,8 +76,8 @@ def test_images_through_pd_equal_one_instance(vl_pair, vl_single, image_url):
                                        "max_tokens": 7, "temperature": 0, "stream": stream,
                                        "stream_options": {"include_usage": True} if stream else None}, stream)
              for stream in (False, True)]
-    cases.append(("/infer", {"inputs": [{"type": "text", "text": "Name:"}, {"type": "image_url", "image_url": image_url}],
-                             "parameters": {"do_sample": False, "max_new_tokens": 7}}, False))
+    parts = [{"type": "text", "text": "Name:"}, {"type": "image_url", "image_url": image_url}]
+    cases.append(("/infer", {"inputs": parts, "parameters": {"do_sample": False, "max_new_tokens": 7}}, False))
     for path, body, stream in cases:
         expected = httpx.post(vl_single.url + path, json=body, timeout=60)
         assert expected.status_code == 200, expected.text

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from helpers.media_server import MediaServer
 from helpers.server import RunningServer, local_settings
+from helpers.server import chat_with_parts as chat
 from helpers.tiny_audio import IDS, encode, tone
 
 from mindie.media import MediaPolicy
@@ -37,12 +38,6 @@ def audio_server(tiny_qwen2_audio_dir, media_dir):
     server = RunningServer(settings)
     yield server
     server.close()
-
-
-def chat(server, content, **extra) -> httpx.Response:
-    body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
 
 def audio_part(ref, openai_form: bool = True) -> dict:

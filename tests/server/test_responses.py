@@ -351,7 +351,10 @@ USER = {"role": "user", "content": "Hi"}
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": CITY}}, "max_output_tokens": 2}, 400,
      "max_output_tokens"),
+    # a text-only model: the image part is refused, naming the model (tests/server/test_vision_routes.py)
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/y.png"}]}]}, 400,
+     "input[0].content[0].image_url"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]}, 400,
      "input[0].content[0].type"),
     ({"input": [USER, {"type": "reasoning", "id": "rs_1", "summary": []}]}, 400, "input[1].type"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input[0].type"),

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import base64
 
-import httpx
 import pytest
 from helpers.media_server import MediaServer
 from helpers.server import RunningServer, local_settings
+from helpers.server import chat_with_parts as chat
 from helpers.tiny_vl import IDS, clip
 
 from mindie.media import MediaPolicy
@@ -36,12 +36,6 @@ def vl_server(tiny_qwen2_vl_dir, media_dir):
     server = RunningServer(settings)
     yield server
     server.close()
-
-
-def chat(server, content, **extra) -> httpx.Response:
-    body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
 
 def video_part(ref, openai_form: bool = True) -> dict:

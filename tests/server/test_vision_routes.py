@@ -15,6 +15,7 @@ import httpx
 import pytest
 from helpers.media_server import MediaServer
 from helpers.server import RunningServer, local_settings
+from helpers.server import chat_with_parts as chat
 from helpers.tiny_vl import draw
 
 from mindie.media import MediaPolicy
@@ -52,12 +53,6 @@ def media_server():
     server = MediaServer({"a.png": png()})
     yield server
     server.close()
-
-
-def chat(server, content, **extra) -> httpx.Response:
-    body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
-            "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
 
 
 def image_part(ref, openai_form: bool = True) -> dict:
@@ -194,3 +189,36 @@ def test_plain_routes_take_image_parts_as_one_user_turn(vl_server):
     assert r.status_code == 400
     assert re.fullmatch(r"parameters\.truncate=3 would cut a prompt with images \(\d+ tokens\); images are never "
                         r"truncated", r.json()["error"]), r.json()
+
+
+def respond(server, content, **extra) -> httpx.Response:
+    body = {"model": server.settings.model_name, "input": [{"role": "user", "content": content}],
+            "max_output_tokens": 6, "temperature": 0, **extra}
+    return httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+
+
+def test_responses_take_input_image_parts_as_chat_takes_image_url(vl_server, tiny_server):
+    said = chat(vl_server, [image_part(DATA_URI), {"type": "text", "text": "What is this?"}]).json()
+    r = respond(vl_server, [{"type": "input_image", "image_url": DATA_URI},
+                            {"type": "input_text", "text": "What is this?"}])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["output"][0]["content"][0]["text"] == said["choices"][0]["message"]["content"]
+    assert body["usage"]["input_tokens"] == said["usage"]["prompt_tokens"]  # the 12 image tokens included
+    # the follow-up reads the image again, from the prefix cache
+    again = httpx.post(f"{vl_server.url}/v1/responses", timeout=60, json={
+        "model": "tiny-vl", "previous_response_id": body["id"], "input": "And its colour?", "max_output_tokens": 4})
+    assert again.status_code == 200, again.text
+    assert again.json()["usage"]["input_tokens"] > body["usage"]["input_tokens"]
+    assert again.json()["usage"]["input_tokens_details"]["cached_tokens"] >= body["usage"]["input_tokens"] - 4
+    r = respond(vl_server, [{"type": "input_image", "file_id": "file-1"}])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].content[0].file_id")
+    r = respond(vl_server, [{"type": "input_image"}])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].content[0].image_url")
+    r = respond(vl_server, [{"type": "input_image", "image_url": "/etc/passwd"}])
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        "input[0].content[0].image_url: '/etc/passwd' is not under the allowed media directory")
+    r = respond(tiny_server, [{"type": "input_image", "image_url": DATA_URI}, {"type": "input_text", "text": "hi"}])
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "input[0].content[0].image_url: the served model tiny reads text only; it takes no image parts"))
+    assert vl_server.ctx.engine.engine.scheduler.blocks.num_used_blocks() == 0

@@ -33,7 +33,8 @@ from mindie.server.http import json_response
 from mindie.server.protocols import tools as tools_support
 from mindie.server.protocols.base import UNNAMED, Call, dumps
 from mindie.server.protocols.guided import ResponseFormat, compile_checked
-from mindie.server.protocols.messages import render_chat
+from mindie.server.protocols.media import MediaRef, attach_media, check_media, media_refs
+from mindie.server.protocols.messages import parse_message, render_chat
 from mindie.server.protocols.openai import OpenAIRenderer, check_model
 from mindie.server.protocols.responses_request import (
     FunctionTool,
@@ -69,13 +70,24 @@ def _history(store: ResponseStore, previous_response_id: str | None) -> list[dic
     return previous.history
 
 
-def _input(req: ResponsesRequest) -> list[dict[str, Any]]:
+def _chars(content: str | list[dict[str, Any]] | None) -> str:
+    """A message's text (an image part counts none)."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content)
+    return content or ""
+
+
+def _input(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[MediaRef]]:
+    """The input as chat messages, and the image parts they hold, named by their input items."""
     if isinstance(req.input, str):
-        return [{"role": "user", "content": nonempty(req.input, "input")}]
-    messages = to_messages(req.input)
+        return [{"role": "user", "content": nonempty(req.input, "input")}], []
+    sources: list[int] = []
+    messages = to_messages(req.input, sources=sources)
     if not messages:
         raise ResponsesError(400, "input must not be empty", "input", "invalid_value")
-    return messages
+    refs = [ref for m, i in zip(messages, sources, strict=True) if isinstance(m["content"], list)
+            for ref in media_refs(parse_message(m, i).content, f"input[{i}].content")]
+    return messages, refs
 
 
 async def _constraint(ctx: Serving, by_name: dict[str, dict[str, Any] | None], tool_choice: str | dict[str, Any],
@@ -95,7 +107,13 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     check_model(ctx, req.model)
     refuse(req)
     store = store_of(ctx)
-    history = [*_history(store, req.previous_response_id), *_input(req)]
+    given, refs = _input(req)
+    previous = _history(store, req.previous_response_id)
+    # a previous response's images are read again (its blocks are still in the prefix cache)
+    refs = [ref for k, m in enumerate(previous) if isinstance(m["content"], list)
+            for ref in media_refs(parse_message(m, k).content, f"previous_response_id's messages[{k}].content")
+            ] + refs
+    history = [*previous, *given]
     tools = function_tools(req.tools or [])
     tool_choice = chat_tool_choice(req.tool_choice)
     chat_tools = [t.to_chat() for t in tools]
@@ -107,8 +125,10 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
                             top_p=1.0 if greedy else req.top_p)
     try:
         by_name = tools_support.check_tools(chat_tools, tool_choice)
-        ctx.check_chars(sum(len(m["content"] or "") for m in messages), "input")
+        ctx.check_chars(sum(len(_chars(m["content"])) for m in messages), "input")
+        check_media(ctx, refs)
         prompt, ids = render_chat(ctx, messages, chat_tools if tool_choice != "none" and chat_tools else None)
+        ids, media = await attach_media(ctx, ids, refs, "input")
         ids = ctx.fit_prompt(ids, "input")
         strict = any(t.strict is not False for t in tools)
         grammar = await _constraint(ctx, by_name, tool_choice, fmt, strict, params.max_tokens)
@@ -116,7 +136,7 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
         raise
     except APIError as exc:
         raise as_responses(exc) from None
-    request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar)
+    request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar, media=media)
     reads_calls = bool(tools) and tool_choice != "none"
     renderer = ResponsesRenderer(req, tools, len(ids), store, history,
                                  [t.name for t in tools] if reads_calls else None)

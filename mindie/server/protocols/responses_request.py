@@ -109,7 +109,7 @@ class ResponsesRequest(Body):
     # Items are read one by one (to_messages, function_tools) so that a refusal names the item.
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_ITEMS, description=(
         "a user message, or message (role user/system/developer/assistant, content a string or input_text/"
-        "output_text parts), function_call (call_id, name, arguments) and function_call_output (call_id, "
+        "output_text/input_image parts), function_call (call_id, name, arguments) and function_call_output (call_id, "
         "output) items"))]
     instructions: str | None = None
     tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS, description=(
@@ -218,19 +218,39 @@ def _item(model: type[Body], raw: dict[str, Any], where: str) -> Any:
 
 
 def _text(content: str | list[dict[str, Any]], where: str) -> str:
-    """The text of a string or a list of text parts; this server reads text only."""
+    """The text of a string or a list of text parts (a function call's output)."""
     if isinstance(content, str):
         return content
     texts = []
     for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind in ("input_image", "input_file", "input_audio"):
-            raise _unsupported_value(f"{where}[{j}].type", kind, "the served model reads text only")
-        if kind not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
+        if part.get("type") in ("input_file", "input_audio"):
+            raise _unsupported_value(f"{where}[{j}].type", part["type"], "this server reads text and image parts")
+        if part.get("type") not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
             raise ResponsesError(400, f"{where}[{j}] must be an input_text or output_text part with a string text",
                                  f"{where}[{j}]", "invalid_value")
         texts.append(part["text"])
     return "".join(texts)
+
+
+def _content(content: str | list[dict[str, Any]], where: str) -> str | list[dict[str, Any]]:
+    """A message's content as the chat route takes it: its text, or, where it holds input_image
+    parts, the parts in order as chat parts (text, and image_url for the server's image reader)."""
+    if isinstance(content, str) or not any(part.get("type") == "input_image" for part in content):
+        return nonempty(_text(content, where), where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        if part.get("type") != "input_image":
+            parts.append({"type": "text", "text": _text([part], where)})
+        elif isinstance(part.get("image_url"), str) and part["image_url"]:
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        elif part.get("file_id") is not None:
+            raise unsupported(f"{where}[{j}].file_id", "this server stores no files; send image_url (an http(s) URL, "
+                                                       "a data: URI or an allowed local path)")
+        else:
+            raise ResponsesError(400, f"{where}[{j}].image_url is required for an input_image part (an http(s) URL, "
+                                      "a data: URI or an allowed local path)", f"{where}[{j}].image_url",
+                                 "invalid_value")
+    return parts
 
 
 def nonempty(text: str, where: str) -> str:
@@ -239,16 +259,19 @@ def nonempty(text: str, where: str) -> str:
     return text
 
 
-def to_messages(items: list[dict[str, Any]], field_name: str = "input") -> list[dict[str, Any]]:
+def to_messages(items: list[dict[str, Any]], field_name: str = "input", sources: list[int] | None = None
+                ) -> list[dict[str, Any]]:
     """Responses items (input items, or a response's output items) as chat messages: consecutive
-    function calls, and the assistant text before them, make one assistant message."""
+    function calls, and the assistant text before them, make one assistant message. `sources`, when
+    given, gets the index of the item each message began with."""
     out: list[dict[str, Any]] = []
     for i, raw in enumerate(items):
+        count = len(out)
         where = f"{field_name}[{i}]"
         kind = raw.get("type") or ("message" if "role" in raw else None)
         if kind == "message":
             m = _item(_MessageItem, raw, where)
-            out.append({"role": m.role, "content": nonempty(_text(m.content, f"{where}.content"), f"{where}.content")})
+            out.append({"role": m.role, "content": _content(m.content, f"{where}.content")})
         elif kind == "function_call":
             c = _item(_FunctionCallItem, raw, where)
             call = {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -265,6 +288,8 @@ def to_messages(items: list[dict[str, Any]], field_name: str = "input") -> list[
         else:
             raise ResponsesError(400, f"{where}.type {kind!r} is not supported: the items taken are message, "
                                       "function_call and function_call_output", f"{where}.type", "unsupported_value")
+        if sources is not None and len(out) > count:
+            sources.append(i)
     return out
 
 
