@@ -44,12 +44,13 @@ class MediaKind:
     name: str
     max_bytes: int
     data_mimes: tuple[str, ...]
+    plural: str = ""  # as the size refusal names the kind; "" for name + "s"
 
 
 IMAGE = MediaKind("image", MAX_IMAGE_BYTES, ("image/jpeg", "image/jpg", "image/png"))
 VIDEO = MediaKind("video", MAX_VIDEO_BYTES, ("video/mp4", "video/avi", "video/x-msvideo", "video/x-ms-wmv"))
 AUDIO = MediaKind("audio", MAX_AUDIO_BYTES, ("audio/wav", "audio/x-wav", "audio/wave", "audio/mpeg", "audio/mp3",
-                                             "audio/flac", "audio/x-flac"))
+                                             "audio/flac", "audio/x-flac"), "audio clips")
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def decode_image(data: bytes, where: str) -> Any:
 
 
 def _too_big(where: str, kind: MediaKind, size: str) -> MediaError:
-    return MediaError(f"{where} is {size}; the limit is {kind.max_bytes // 2**20} MB for {kind.name}s")
+    plural = kind.plural or kind.name + "s"
+    return MediaError(f"{where} is {size}; the limit is {kind.max_bytes // 2**20} MB for {plural}")
 
 
 def _from_data_uri(ref: str, kind: MediaKind, where: str) -> bytes:

@@ -109,7 +109,7 @@ def test_refusals_name_the_part_and_the_rule(audio_server, media_dir, tiny_serve
         f.truncate(21 * 2**20)
     r = chat(audio_server, [audio_part(str(media_dir / "huge.wav"))])
     assert (r.status_code, r.json()["error"]["message"]) == (400, (
-        "messages[0].content[0].audio_url is 21.0 MB; the limit is 20 MB for audios"))
+        "messages[0].content[0].audio_url is 21.0 MB; the limit is 20 MB for audio clips"))
     r = chat(audio_server, [audio_part("data:video/mp4;base64,AAAA")])
     assert r.status_code == 400 and "is not one of audio/wav" in r.json()["error"]["message"]
     r = chat(audio_server, [{"type": "image_url", "image_url": "/a.png"}])
