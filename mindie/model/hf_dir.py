@@ -29,12 +29,21 @@ def _eos_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
 
 
+# Qwen2-Audio-7B's config.json writes only the text config's fields that differ from Qwen2Config's
+# defaults (no hidden_size, layer or head counts): transformers fills these in
+_TEXT_DEFAULTS = {"qwen2_audio": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                                  "num_key_value_heads": 32, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+                                  "max_position_embeddings": 32768, "tie_word_embeddings": False}}
+
+
 def read_raw_config(path: str) -> dict[str, Any]:
     """config.json; a vision-language model's `text_config` (transformers 5 nests it there) lifted
     to the top level, where older checkpoints keep those keys."""
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
-    return {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+    if not isinstance(cfg.get("text_config"), dict):
+        return cfg
+    return {**cfg, **_TEXT_DEFAULTS.get(cfg.get("model_type", ""), {}), **cfg["text_config"]}
 
 
 # Gemma 3's layer pattern when config.json lists no layer_types: five sliding layers, then a global one

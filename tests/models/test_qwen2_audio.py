@@ -194,3 +194,24 @@ def test_offline_api_takes_audio_as_vllm_does(family, tmp_path):
     resampled = llm.generate({"prompt": text, "multi_modal_data": {"audio": (tone(1.0, 520, 8000, seed=11), 8000)}},
                              params, use_tqdm=False)[0]
     assert resampled.prompt_token_ids.count(IDS["<|AUDIO|>"]) == media.items[0].num_tokens
+
+
+def test_a_config_with_qwen2_defaults_left_out_loads_as_transformers_reads_it(tiny_qwen2_audio_dir, tmp_path):
+    """Qwen2-Audio-7B's config.json leaves hidden_size, the layer and head counts and the rotary base
+    at Qwen2Config's defaults: they are read as transformers fills them in."""
+    import json
+
+    from transformers import AutoConfig
+
+    from mindie.model.hf_dir import read_config
+
+    raw = json.loads((tiny_qwen2_audio_dir / "config.json").read_text())
+    raw["text_config"] = {k: v for k, v in raw["text_config"].items() if k in (
+        "bos_token_id", "eos_token_id", "intermediate_size", "max_position_embeddings", "model_type", "rms_norm_eps",
+        "vocab_size")}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    ours, want = read_config(str(tmp_path)), AutoConfig.from_pretrained(tmp_path).text_config
+    assert (ours.hidden_size, ours.num_layers, ours.num_heads, ours.num_kv_heads, ours.rope_theta) == (
+        want.hidden_size, want.num_hidden_layers, want.num_attention_heads, want.num_key_value_heads,
+        want.rope_parameters["rope_theta"])
+    assert ours.tie_word_embeddings is False
