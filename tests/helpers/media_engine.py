@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, MediaInputs, SamplingParams
@@ -48,3 +52,13 @@ def run_one_after_another(loaded: LoadedModel, prompts: list[tuple[list[int], Me
 def assert_same(ours: list, want: tuple[list[int], list[float]]) -> None:
     assert ours[0] == want[0]
     assert max(abs(a - b) for a, b in zip(ours[1], want[1])) < 1e-3
+
+
+def hf_generate_greedy(model: Any, ids: torch.Tensor, new_tokens: int, **inputs: Any) -> tuple[list[int], list[float]]:
+    """transformers' greedy generate of `new_tokens` after the prompt `ids` [1, n] with the model's
+    media `inputs`: the tokens and each one's log-probability."""
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
+                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **inputs)
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from helpers.media_engine import hf_generate_greedy
 from helpers.tiny_vl import write_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
@@ -100,9 +101,4 @@ def hf_generate(model: Any, prompt_ids: list[int], clips: list[np.ndarray], new_
     the tokens and each one's log-probability."""
     ids = torch.tensor([prompt_ids])
     kwargs = hf_features(clips) if clips else {}
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt_ids):].tolist()
-    lps = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
-    return tokens, lps
+    return hf_generate_greedy(model, ids, new_tokens, **kwargs)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from helpers.media_engine import hf_generate_greedy
+
 GRID = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
             "<global-img>", *GRID]
@@ -107,9 +109,4 @@ def hf_generate(model: Any, processor: Any, text: str, images: list[Any], new_to
     inputs = processor(text=[text], images=[images] if images else None, return_tensors="pt")
     kwargs = {k: v for k, v in inputs.items() if k in ("pixel_values", "pixel_attention_mask")}
     ids = inputs["input_ids"]
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, ids.shape[1]:].tolist()
-    lps = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
-    return ids[0].tolist(), tokens, lps
+    return ids[0].tolist(), *hf_generate_greedy(model, ids, new_tokens, **kwargs)

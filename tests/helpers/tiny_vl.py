@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from helpers.media_engine import hf_generate_greedy
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
 IDS = {t: 256 + i for i, t in enumerate(SPECIALS)}
@@ -157,9 +159,4 @@ def hf_generate(model: Any, prompt_ids: list[int], images: list[Any], new_tokens
                       video_grid_thw=torch.tensor([v.grid for v in videos]))
         if "Qwen2_5" in type(model).__name__:
             kwargs["second_per_grid_ts"] = torch.tensor([v.seconds_per_grid for v in videos])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             min_new_tokens=new_tokens, output_logits=True, return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt_ids):].tolist()
-    lps = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
-    return tokens, lps
+    return hf_generate_greedy(model, ids, new_tokens, **kwargs)
