@@ -36,6 +36,32 @@ _TEXT_DEFAULTS = {"qwen2_audio": {"hidden_size": 4096, "num_hidden_layers": 32, 
                                   "max_position_embeddings": 32768, "tie_word_embeddings": False}}
 
 
+def read_optional_json(path: str, name: str) -> dict[str, Any]:
+    """The JSON file `name` of the directory `path` (a preprocessor config); {} where it has none."""
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+        return {}
+    with open(file, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def language_model_names(weights: dict[str, torch.Tensor], towers: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A multimodal checkpoint's tensors with the language model under the names LlamaModel reads
+    (`model.*`, `lm_head.weight`) beside its encoder's (`towers`: their prefixes, e.g. `visual.`),
+    from either layout: the model's own (`language_model.model.*`, `language_model.lm_head.*`) or
+    the one transformers 5 writes (`model.language_model.*`, `model.<tower>*`)."""
+    out = {}
+    for name, w in weights.items():
+        if name.startswith("language_model."):
+            name = name.removeprefix("language_model.")
+        elif name.startswith("model.language_model."):
+            name = "model." + name.removeprefix("model.language_model.")
+        elif name.startswith(tuple("model." + t for t in towers)):
+            name = name.removeprefix("model.")
+        out[name] = w
+    return out
+
+
 def read_raw_config(path: str) -> dict[str, Any]:
     """config.json; a vision-language model's `text_config` (transformers 5 nests it there) lifted
     to the top level, where older checkpoints keep those keys."""

@@ -13,14 +13,13 @@ tokens; the prompt's single image placeholder becomes per tile <fake_token_aroun
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from mindie.model.hf_dir import read_optional_json
 from mindie.model.qwen2_vl_processor import to_rgb
 
 MAX_IMAGE_SIZE = 4096  # transformers' cap on the resized image's longest edge
@@ -42,11 +41,7 @@ class TileSpec:
     def from_hf_dir(path: str, image_size: int) -> TileSpec:
         """preprocessor_config.json where the directory has one; transformers' defaults otherwise,
         with tiles the vision encoder's image size."""
-        pre: dict[str, Any] = {}
-        file = os.path.join(path, "preprocessor_config.json")
-        if os.path.exists(file):
-            with open(file, encoding="utf-8") as f:
-                pre = json.load(f)
+        pre = read_optional_json(path, "preprocessor_config.json")
         tile = int((pre.get("max_image_size") or {}).get("longest_edge") or image_size)
         return TileSpec(
             longest_edge=int((pre.get("size") or {}).get("longest_edge") or 4 * tile), tile=tile,

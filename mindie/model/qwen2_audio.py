@@ -100,32 +100,15 @@ class QuantizedQwen2AudioModel(AudioLanguage, QuantizedLlamaModel):
         self._init_audio(weights, raw, spec)
 
 
-def _language_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Both checkpoint layouts as the names LlamaModel reads (`model.*`, `lm_head.weight`) beside
-    `audio_tower.*` / `multi_modal_projector.*`: Qwen's (`language_model.model.*`,
-    `language_model.lm_head.*`, which transformers also writes) and transformers 5's in-memory one
-    (`model.language_model.*`, `model.audio_tower.*`, `model.multi_modal_projector.*`)."""
-    out = {}
-    for name, w in weights.items():
-        if name.startswith("language_model."):
-            name = name.removeprefix("language_model.")
-        elif name.startswith("model.language_model."):
-            name = "model." + name.removeprefix("model.language_model.")
-        elif name.startswith(tuple("model." + p for p in _AUDIO_PREFIXES)):
-            name = name.removeprefix("model.")
-        out[name] = w
-    return out
-
-
 def load_qwen2_audio(path: str, dtype: torch.dtype, quantization: str = "none"
                      ) -> tuple[ModelConfig, Qwen2AudioModel | QuantizedQwen2AudioModel]:
     """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
-    from mindie.model.hf_dir import read_config, read_raw_config, read_weights
+    from mindie.model.hf_dir import language_model_names, read_config, read_raw_config, read_weights
 
     raw = read_raw_config(path)
     config = read_config(path)
     spec = AudioSpec.from_hf_dir(path)
-    weights = _language_model_names(read_weights(path))
+    weights = language_model_names(read_weights(path), _AUDIO_PREFIXES)
     if quantization in ("q8_0", "q4_0"):
         return config, QuantizedQwen2AudioModel(config, weights, dtype, raw, spec, quantization)
     return config, Qwen2AudioModel(config, weights, dtype, raw, spec)

@@ -151,29 +151,16 @@ class QuantizedQwen2VLModel(VisionLanguage, QuantizedLlamaModel):
         self._init_vision(config, weights, raw, image_spec, video_spec)
 
 
-def _language_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Checkpoints written as transformers 5 holds the model (`model.language_model.*`,
-    `model.visual.*`) renamed to the layout Qwen's own checkpoints use (`model.*`, `visual.*`)."""
-    out = {}
-    for name, w in weights.items():
-        if name.startswith("model.language_model."):
-            name = "model." + name.removeprefix("model.language_model.")
-        elif name.startswith("model.visual."):
-            name = name.removeprefix("model.")
-        out[name] = w
-    return out
-
-
 def load_qwen2_vl(path: str, dtype: torch.dtype, quantization: str = "none"
                   ) -> tuple[ModelConfig, Qwen2VLModel | QuantizedQwen2VLModel]:
     """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
-    from mindie.model.hf_dir import read_config, read_raw_config, read_weights
+    from mindie.model.hf_dir import language_model_names, read_config, read_raw_config, read_weights
 
     raw = read_raw_config(path)
     config = read_config(path)
     spec = ImageSpec.from_hf_dir(path, raw["vision_config"])
     video = VideoSpec.from_hf_dir(path, spec)
-    weights = _language_model_names(read_weights(path))
+    weights = language_model_names(read_weights(path), ("visual.",))
     if quantization in ("q8_0", "q4_0"):
         return config, QuantizedQwen2VLModel(config, weights, dtype, raw, spec, video, quantization)
     return config, Qwen2VLModel(config, weights, dtype, raw, spec, video)

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from mindie.model.hf_dir import read_optional_json
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -40,11 +40,7 @@ class ImageSpec:
     def from_hf_dir(path: str, vision: dict[str, Any]) -> ImageSpec:
         """preprocessor_config.json's limits where the directory has one, the vision config's patch
         geometry, transformers' defaults otherwise."""
-        pre: dict[str, Any] = {}
-        file = os.path.join(path, "preprocessor_config.json")
-        if os.path.exists(file):
-            with open(file, encoding="utf-8") as f:
-                pre = json.load(f)
+        pre = read_optional_json(path, "preprocessor_config.json")
         size = pre.get("size") or {}
         return ImageSpec(
             min_pixels=int(pre.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
@@ -68,11 +64,7 @@ class VideoSpec:
 
     @staticmethod
     def from_hf_dir(path: str, image: ImageSpec) -> VideoSpec:
-        pre: dict[str, Any] = {}
-        file = os.path.join(path, "video_preprocessor_config.json")
-        if os.path.exists(file):
-            with open(file, encoding="utf-8") as f:
-                pre = json.load(f)
+        pre = read_optional_json(path, "video_preprocessor_config.json")
         size = pre.get("size") or {}
         frame = dataclasses.replace(
             image, min_pixels=int(pre.get("min_pixels") or size.get("shortest_edge") or 128 * 28 * 28),

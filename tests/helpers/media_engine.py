@@ -54,6 +54,24 @@ def assert_same(ours: list, want: tuple[list[int], list[float]]) -> None:
     assert max(abs(a - b) for a, b in zip(ours[1], want[1])) < 1e-3
 
 
+def assert_quantized_step_reads_images(loaded: LoadedModel, quant: LoadedModel, prompt: Any, image: Any,
+                                       other: Any) -> None:
+    """`quant` (q8_0 weights in the C++ step, media rows passed in with the batch) against the exact
+    `loaded`: the same tokens until 8-bit weights flip a near tie (not before the third) with
+    log-probabilities within 0.1 up to there, the image read, and a row's bits its own whether its
+    image is prefilled in chunks beside other requests or alone. `prompt(model, images[, text])`."""
+    text = prompt(quant, [], "Tell me a story.")
+    got = run(quant, [prompt(quant, [image]), text, prompt(quant, [other])], max_prefill_tokens=16)
+    want = run(loaded, [prompt(loaded, [image]), text, prompt(loaded, [other])], max_prefill_tokens=16)
+    for g, w in zip(got, want, strict=True):
+        same = next((i for i, (x, y) in enumerate(zip(g[0], w[0])) if x != y), NEW)
+        assert same >= 3
+        assert max(abs(x - y) for x, y in zip(g[1][:same], w[1][:same])) < 0.1
+    assert got[0][1] != got[2][1]  # the image is read
+    assert run(quant, [prompt(quant, [image])])[0][:2] == got[0][:2]  # bit for bit
+    assert run(quant, [text])[0][:2] == got[1][:2]
+
+
 def hf_generate_greedy(model: Any, ids: torch.Tensor, new_tokens: int, **inputs: Any) -> tuple[list[int], list[float]]:
     """transformers' greedy generate of `new_tokens` after the prompt `ids` [1, n] with the model's
     media `inputs`: the tokens and each one's log-probability."""

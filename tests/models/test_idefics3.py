@@ -11,7 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run, run_one_after_another
+from helpers.media_engine import NEW, assert_quantized_step_reads_images, assert_same, run, run_one_after_another
 from helpers.tiny_idefics3 import IDS, IMAGE_SEQ_LEN, TILE, hf_generate, hf_model, hf_processor, preprocessor
 from helpers.tiny_vl import draw
 
@@ -144,17 +144,7 @@ def test_quantized_step_reads_images_as_the_exact_path_does(family):
     path, loaded, hf, processor = family
     quant = load_model(str(path), dtype=torch.float32, quantization="q8_0")
     assert isinstance(quant.model, QuantizedLlamaModel)
-    image, other = draw(130, 100, 12), draw(130, 100, 13)
-    text = prompt(quant, [], "Tell me a story.")
-    got = run(quant, [prompt(quant, [image]), text, prompt(quant, [other])], max_prefill_tokens=16)
-    want = run(loaded, [prompt(loaded, [image]), text, prompt(loaded, [other])], max_prefill_tokens=16)
-    for g, w in zip(got, want):
-        same = next((i for i, (x, y) in enumerate(zip(g[0], w[0])) if x != y), NEW)
-        assert same >= 3
-        assert max(abs(x - y) for x, y in zip(g[1][:same], w[1][:same])) < 0.1
-    assert got[0][1] != got[2][1]  # the image is read
-    assert run(quant, [prompt(quant, [image])])[0][:2] == got[0][:2]  # bit for bit
-    assert run(quant, [text])[0][:2] == got[1][:2]
+    assert_quantized_step_reads_images(loaded, quant, prompt, draw(130, 100, 12), draw(130, 100, 13))
 
 
 def test_bfloat16_reads_images(family):

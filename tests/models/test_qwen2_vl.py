@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run, run_one_after_another
+from helpers.media_engine import NEW, assert_quantized_step_reads_images, assert_same, run, run_one_after_another
 from helpers.tiny_vl import IDS, draw, hf_generate, hf_model, hf_processor
 
 from mindie.engine.request import MediaInputs, SamplingParams
@@ -122,17 +122,7 @@ def test_quantized_step_reads_images_as_the_exact_path_does(family):
     path, loaded, hf = family
     quant = load_model(str(path), dtype=torch.float32, quantization="q8_0")
     assert isinstance(quant.model, QuantizedLlamaModel)
-    image, other = draw(130, 100, 12), draw(130, 100, 13)
-    text = prompt(quant, [], "Tell me a story.")
-    got = run(quant, [prompt(quant, [image]), text, prompt(quant, [other])], max_prefill_tokens=16)
-    want = run(loaded, [prompt(loaded, [image]), text, prompt(loaded, [other])], max_prefill_tokens=16)
-    for g, w in zip(got, want):
-        same = next((i for i, (a, b) in enumerate(zip(g[0], w[0])) if a != b), NEW)
-        assert same >= 3
-        assert max(abs(a - b) for a, b in zip(g[1][:same], w[1][:same])) < 0.1
-    assert got[0][1] != got[2][1]  # the image is read
-    assert run(quant, [prompt(quant, [image])])[0][:2] == got[0][:2]  # bit for bit
-    assert run(quant, [text])[0][:2] == got[1][:2]
+    assert_quantized_step_reads_images(loaded, quant, prompt, draw(130, 100, 12), draw(130, 100, 13))
 
 
 @pytest.mark.parametrize("quantization", ["none", "q8_0"])
