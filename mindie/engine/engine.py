@@ -67,7 +67,8 @@ class LLMEngine:
         self.config = config.with_limits(self.limits)
         self.kv_cache_bytes = num_blocks * kv_bytes_per_block(loaded, config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
+        self.scheduler = Scheduler(dataclasses.replace(config.scheduler_config(), window=loaded.config.kv_window),
+                                   self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples or live beams
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
