@@ -25,7 +25,14 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
     r"\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+# GGUF token types (llama.cpp's llama_token_type) and what llama.cpp does with each when it turns
+# a token into text: NORMAL tokens are decoded (byte-level), USER_DEFINED ones written as they are,
+# CONTROL and UNKNOWN ones written only when special tokens are asked for, and UNUSED (the
+# converter's `[PAD<id>]` padding up to the model's vocabulary) and UNDEFINED ones never; neither
+# of those two is ever read from text either. BYTE tokens of a byte-level vocabulary decode as NORMAL.
+_GGUF_UNDEFINED, _GGUF_NORMAL, _GGUF_UNKNOWN, _GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_UNUSED, _GGUF_BYTE = range(7)
+_GGUF_SPECIAL = (_GGUF_CONTROL, _GGUF_UNKNOWN)
+_GGUF_NEVER_TEXT = (_GGUF_UNUSED, _GGUF_UNDEFINED)
 
 
 def _gguf_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -61,8 +68,12 @@ class Tokenizer:
         add_bos_token: bool,
         chat_template: str | None,
         pad_token_id: int | None = None,
+        vocab_size: int | None = None,
     ) -> None:
+        """`vocab_size`: the ids the vocabulary spans where some have no token in `backend` (a
+        GGUF's UNUSED ones); None: the backend's size."""
         self.backend = backend
+        self._vocab_size = vocab_size
         self.bos_token_id = bos_token_id
         self.pad_token_id = pad_token_id
         self.eos_token_ids = tuple(eos_token_ids)
@@ -116,9 +127,14 @@ class Tokenizer:
                 "use the model's Hugging Face directory with tokenizer.json instead"
             )
         tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-        types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+        types: list[int] = list(meta.get("tokenizer.ggml.token_type") or [_GGUF_NORMAL] * len(tokens))
+        if len(types) != len(tokens):
+            raise ValueError(f"GGUF tokenizer: {len(types)} token types for {len(tokens)} tokens")
         merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-        vocab = {tok: i for i, tok in enumerate(tokens)}
+        # Tokens that are never text are left out: their ids decode to nothing (as a Hugging Face
+        # tokenizer decodes ids past its vocabulary, where those checkpoints pad) and no text
+        # encodes to them. The rest keep their ids.
+        vocab = {tok: i for i, (tok, k) in enumerate(zip(tokens, types)) if k not in _GGUF_NEVER_TEXT}
         backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
         backend.pre_tokenizer = _gguf_pre_tokenizer(meta.get("tokenizer.ggml.pre", "default"))
         backend.decoder = decoders.ByteLevel()
@@ -126,7 +142,7 @@ class Tokenizer:
             [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _GGUF_USER_DEFINED]
         )
         backend.add_special_tokens(
-            [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _GGUF_CONTROL]
+            [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in _GGUF_SPECIAL]
         )
         eos = meta.get("tokenizer.ggml.eos_token_id")
         bos = meta.get("tokenizer.ggml.bos_token_id")
@@ -138,13 +154,14 @@ class Tokenizer:
             bool(meta.get("tokenizer.ggml.add_bos_token", False)),
             meta.get("tokenizer.chat_template"),
             None if pad is None else int(pad),
+            vocab_size=len(tokens),
         )
 
     # --- text <-> ids ----------------------------------------------------------------------
 
     @property
     def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        return self._vocab_size or self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.backend.encode(text, add_special_tokens=False).ids

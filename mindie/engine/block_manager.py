@@ -12,6 +12,12 @@ Every block is in exactly one of three sets (see `check_invariants`):
 A block's hash is registered by `commit` once it is full and computed (or by `import_sequence`),
 and dropped only when the block is evicted for reuse. Hashes are chained sha256 digests of the
 block's tokens, so equal hashes mean equal token prefixes, not just equal blocks.
+
+A table may start with holes (`HOLE`): blocks released by `release_before` while the sequence
+runs, because every layer attends to a sliding window and no query of the sequence reads them
+again. A hole keeps the table positional (position p is still in entry p // block_size) and counts
+as no reference; a released block is freed as `free` frees it, so a cached prefix block stays
+cached, unchanged, for other sequences.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BlockManager", "PrefixMatch", "hash_block"]
+__all__ = ["HOLE", "BlockManager", "PrefixMatch", "hash_block"]
+
+HOLE = -1  # a table entry whose block was released (see release_before): no block, never read
 
 ROOT_HASH = hashlib.sha256(b"mindie.block_manager.v1").digest()  # parent of every first block
 
@@ -51,6 +59,7 @@ class _Plan(NamedTuple):
 class _Seq:
     table: list[int] = field(default_factory=list)  # position p lives in block table[p // bs]
     hashes: list[bytes] = field(default_factory=list)  # hashes of the leading committed blocks
+    released: int = 0  # the table's first `released` entries are HOLEs
 
 
 class BlockManager:
@@ -91,8 +100,12 @@ class BlockManager:
         return seq_id in self._seqs
 
     def block_table(self, seq_id: str) -> list[int]:
-        """A copy of seq_id's block table. KeyError if unknown."""
+        """A copy of seq_id's block table (released entries are HOLE). KeyError if unknown."""
         return list(self._seqs[seq_id].table)
+
+    def num_released(self, seq_id: str) -> int:
+        """How many leading entries of seq_id's table are holes. KeyError if unknown."""
+        return self._seqs[seq_id].released
 
     export_blocks = block_table  # the seq's block ids in order, for copying its KV out
 
@@ -195,6 +208,8 @@ class BlockManager:
             return
         bs, new = self.block_size, []
         parent = seq.hashes[-1] if seq.hashes else ROOT_HASH
+        if seq.released > len(seq.hashes) and num_computed // bs > len(seq.hashes):
+            raise ValueError(f"{seq_id}: blocks released before they were committed")
         for i in range(len(seq.hashes), num_computed // bs):
             parent = hash_block(parent, token_ids[i * bs : (i + 1) * bs])
             known = self._hash_of.get(seq.table[i])
@@ -212,9 +227,9 @@ class BlockManager:
         parent = self._seqs[parent_id]
         if child_id in self._seqs:
             raise ValueError(f"sequence {child_id!r} already exists")
-        for block in parent.table:
+        for block in parent.table[parent.released:]:
             self._ref[block] += 1
-        self._seqs[child_id] = _Seq(list(parent.table), list(parent.hashes))
+        self._seqs[child_id] = _Seq(list(parent.table), list(parent.hashes), parent.released)
 
     def prepare_append(self, seq_id: str, position: int) -> list[tuple[int, int]]:
         """Before KV is written at `position`: if its block is shared (ref > 1), copy-on-write -
@@ -222,9 +237,11 @@ class BlockManager:
         returned for the caller to copy. Otherwise []. KeyError for an unknown seq, IndexError if
         the table does not cover position, RuntimeError (nothing changed) if no block is
         obtainable."""
-        table = self._seqs[seq_id].table
-        if not 0 <= position < len(table) * self.block_size:
-            raise IndexError(f"{seq_id}: position {position} not covered by {len(table)} blocks")
+        seq = self._seqs[seq_id]
+        table = seq.table
+        if not seq.released * self.block_size <= position < len(table) * self.block_size:
+            raise IndexError(f"{seq_id}: position {position} not covered by {len(table)} blocks "
+                             f"({seq.released} released)")
         idx = position // self.block_size
         old = table[idx]
         if self._ref[old] <= 1:
@@ -261,13 +278,33 @@ class BlockManager:
         first, so a prefix's head is evicted after its tail. A block reaching ref 0 becomes
         evictable-cached if it holds a registered hash, plain free otherwise. KeyError if
         unknown."""
-        for block in reversed(self._seqs.pop(seq_id).table):
-            self._ref[block] -= 1
-            if self._ref[block] == 0:
-                if block in self._hash_of:
-                    self._evictable[block] = None
-                else:
-                    heapq.heappush(self._free, block)
+        seq = self._seqs.pop(seq_id)
+        for block in reversed(seq.table[seq.released:]):
+            self._release(block)
+
+    def release_before(self, seq_id: str, position: int) -> int:
+        """Release seq_id's blocks that hold only positions < `position` (ref - 1 each, as `free`
+        does), leaving HOLEs in their table entries: for a sequence no query of which will read
+        those keys again (every layer's sliding window has passed them). The caller commits the
+        blocks first, so that a prefix they hold stays cached. Returns how many were released.
+        KeyError if unknown."""
+        seq = self._seqs[seq_id]
+        end = min(max(position, 0) // self.block_size, len(seq.table))
+        if end <= seq.released:
+            return 0
+        for idx in range(seq.released, end):
+            self._release(seq.table[idx])
+            seq.table[idx] = HOLE
+        count, seq.released = end - seq.released, end
+        return count
+
+    def _release(self, block: int) -> None:
+        self._ref[block] -= 1
+        if self._ref[block] == 0:
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                heapq.heappush(self._free, block)
 
     def import_sequence(
         self, seq_id: str, token_ids: Sequence[int], num_tokens: int
@@ -308,9 +345,12 @@ class BlockManager:
             f"free {free.sum()} + evictable {evictable.sum()} + used {used.sum()} != {n}"
         )
         for seq_id, seq in self._seqs.items():
-            assert len(set(seq.table)) == len(seq.table), f"{seq_id}: repeated block {seq.table}"
+            live = seq.table[seq.released:]
+            assert len(set(live)) == len(live), f"{seq_id}: repeated block {seq.table}"
+            assert all(b == HOLE for b in seq.table[: seq.released]) and HOLE not in live, (
+                f"{seq_id}: holes other than the {seq.released} leading ones: {seq.table}")
             assert len(seq.hashes) <= len(seq.table), f"{seq_id}: more hashes than blocks"
-        tables = [b for seq in self._seqs.values() for b in seq.table]
+        tables = [b for seq in self._seqs.values() for b in seq.table[seq.released:]]
         refs = np.bincount(np.asarray(tables, dtype=np.int64), minlength=n)
         bad = [(int(b), int(ref[b]), int(refs[b])) for b in np.flatnonzero(ref != refs)]
         assert not bad, f"(block, ref count, table references) mismatches: {bad}"

@@ -20,7 +20,7 @@ from mindie.engine.beam_search import BeamSearches
 from mindie.engine.block_manager import BlockManager
 from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.handoff import KVHandoff, continued_sequence
-from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, TokenLogprob
+from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from mindie.engine.runner import ModelRunner, PromptLogits
 from mindie.engine.scheduler import Scheduler
 from mindie.engine.sequence import Sequence, StepInfo
@@ -67,7 +67,8 @@ class LLMEngine:
         self.config = config.with_limits(self.limits)
         self.kv_cache_bytes = num_blocks * kv_bytes_per_block(loaded, config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
+        self.scheduler = Scheduler(dataclasses.replace(config.scheduler_config(), window=loaded.config.kv_window),
+                                   self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples or live beams
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
@@ -197,8 +198,10 @@ class LLMEngine:
             lp = TokenLogprob(token, logprobs[row], list(zip(top_ids[row][:n_top], top_lps[row][:n_top])))
             if seq.matcher is not None:
                 # A structured output must parse however the budget ends: near its end, the next
-                # token of a shortest completion replaces one that would leave no room to finish.
-                forced = seq.matcher.fit_budget(token, seq.max_total_tokens - len(seq.token_ids))
+                # token of a shortest completion replaces one that would leave no room to finish
+                # (and, behind a reasoning gate, `</think>` one that would end the sample unanswered).
+                forced = seq.matcher.fit_budget(token, seq.max_total_tokens - len(seq.token_ids),
+                                                self._ends_sample(params, token))
                 if forced != token:
                     token = forced
                     lp = TokenLogprob(token, torch.log_softmax(logits[row].float(), -1)[token].item(), lp.top)
@@ -239,11 +242,15 @@ class LLMEngine:
             top = list(zip(top_id[i].tolist(), top_lp[i].tolist())) if n_top else []
             seq.prompt_logprobs[span.first_position + 1 + i] = TokenLogprob(token, lp, top)
 
+    def _ends_sample(self, params: SamplingParams, token: int) -> bool:
+        """Whether `token` ends a sample of a request with `params` (a stop token, or EOS unless ignored)."""
+        return token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+
     def _finish_reason(self, seq: Sequence, token: int, stop_string_hit: bool) -> FinishReason | None:
         params = seq.request.params
         if stop_string_hit:
             return FinishReason.STOP
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        if self._ends_sample(params, token):
             return FinishReason.EOS
         if len(seq.token_ids) >= seq.max_total_tokens:
             return FinishReason.LENGTH

@@ -74,10 +74,13 @@ class ModelRunner:
                 row_seqs.append(seq)
         width = max(len(t) for t in tables)
         media = media_rows(self.model, spans)
+        # Padding and released entries (HOLE, behind every layer's sliding window) are never read:
+        # block 0 stands in for them, an id the kernels' checks accept.
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.int64),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            block_tables=torch.tensor([[max(b, 0) for b in t] + [0] * (width - len(t)) for t in tables],
+                                      dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             logits_indices=torch.tensor(rows + prompt_rows, dtype=torch.int64),

@@ -9,7 +9,8 @@ starts again from zero (recompute). Running sequences are served first, oldest-p
 then waiting ones are admitted by (priority, arrival) while the budget, the batch limits and the
 free blocks allow. When a running sequence cannot get a block, the lowest-priority, newest running
 sequence is preempted. Blocks themselves belong to the BlockManager (mechanism); this module only
-asks it.
+asks it. On a model whose every layer slides (Phi-3), blocks that have left a sequence's window are
+given back as it runs (`after_step`).
 
 The beams of a beam-search request (`Sequence.lockstep`) are one unit: admitted together or not
 at all, served in the same step (all of them decode together; only a unit larger than the rest
@@ -36,6 +37,9 @@ class SchedulerConfig:
     max_batch_size: int = 200  # running sequences (maxBatchSize)
     max_prefill_batch_size: int = 50  # sequences with prompt tokens in one step (maxPrefillBatchSize)
     max_preempt_count: int = 200  # preemptions per step (maxPreemptCount)
+    # The sliding window every layer attends within (the model's kv_window; 0: none): a running
+    # sequence's blocks wholly before the window of its next position are released after each step.
+    window: int = 0
 
 
 @dataclass
@@ -237,10 +241,16 @@ class Scheduler:
         self.add(seq)
 
     def after_step(self, out: SchedulerOutput) -> None:
-        """The model wrote KV for the scheduled tokens: advance and publish full blocks."""
+        """The model wrote KV for the scheduled tokens: advance and publish full blocks; with a
+        sliding window on every layer, release the blocks no later query of the sequence reads
+        (its next position p sees keys p - window + 1 .. p, and later ones see later keys). A
+        request handed off after this step keeps them all: its export carries the whole prompt."""
         for s in out.scheduled:
-            s.seq.num_computed_tokens += s.num_new_tokens
-            self.blocks.commit(s.seq.seq_id, s.seq.cache_keys, s.seq.num_computed_tokens)
+            seq = s.seq
+            seq.num_computed_tokens += s.num_new_tokens
+            self.blocks.commit(seq.seq_id, seq.cache_keys, seq.num_computed_tokens)
+            if self.config.window and not seq.request.handoff:
+                self.blocks.release_before(seq.seq_id, seq.num_computed_tokens - self.config.window + 1)
 
 
 def _width(unit: list[Sequence]) -> int:

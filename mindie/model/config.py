@@ -107,6 +107,13 @@ class ModelConfig:
         return self.sliding_window if self.sliding_layers and self.sliding_layers[layer] else 0
 
     @property
+    def kv_window(self) -> int:
+        """The window every layer attends within (Phi-3), 0 where some layer is global (Gemma 3's
+        every sixth) or none slides: only then are a sequence's keys before it dead in every layer,
+        with one block table shared by all of them."""
+        return self.sliding_window if self.sliding_layers and all(self.sliding_layers) else 0
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 

@@ -27,8 +27,9 @@ def _csr(lists: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     """Masks the rows of constrained samples to the tokens their grammar allows next; free rows
-    (mask index -1) share the kernel call untouched."""
-    rows = [r for r, s in enumerate(seqs) if s.matcher is not None]
+    (mask index -1) share the kernel call untouched, and so do samples whose grammar waits for the
+    end of their reasoning."""
+    rows = [r for r, s in enumerate(seqs) if s.matcher is not None and s.matcher.constrains_next]
     if not rows:
         return
     words = seqs[rows[0]].matcher.bitmask_words

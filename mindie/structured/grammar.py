@@ -13,7 +13,8 @@ EOS is allowed only once the value is complete.
 
 Here: the compiler and its cache, and the compiled `Grammar`. A request's `GrammarMatcher` and the
 rule that fits a JSON value into max_tokens are in matcher.py; the schema rewrites done before
-compiling (bounds on free strings and keys, the tool-call schema) in schemas.py.
+compiling (bounds on free strings and keys, the tool-call schema) in schemas.py; a grammar that
+starts after a reasoning model's think block (no mask while it reasons) in reasoning_gate.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from mindie.structured.errors import GrammarError
 from mindie.structured.matcher import Closers, GrammarMatcher
+from mindie.structured.reasoning_gate import GatedMatcher, ReasoningGate
 from mindie.structured.schemas import bound_schema, tool_call_schema
 from mindie.tokenizer import Tokenizer
 
@@ -37,15 +39,23 @@ _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_sepa
 
 
 class Grammar:
-    """A compiled constraint: a pristine llguidance matcher that is only ever copied."""
+    """A compiled constraint: a pristine llguidance matcher that is only ever copied. With a
+    `gate`, each sample's matcher starts after the reply's reasoning (reasoning_gate.py)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int, closers: Closers | None = None) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, bitmask_words: int, closers: Closers | None = None,
+                 gate: ReasoningGate | None = None) -> None:
         self._matcher = matcher
         self._words = bitmask_words
         self._closers = closers
+        self.gate = gate
 
-    def matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._matcher.deep_copy(), self._words, self._closers)
+    def matcher(self) -> GrammarMatcher | GatedMatcher:
+        inner = GrammarMatcher(self._matcher.deep_copy(), self._words, self._closers)
+        return inner if self.gate is None else GatedMatcher(inner, self.gate)
+
+    def after_reasoning(self, gate: ReasoningGate) -> Grammar:
+        """This grammar for one request whose reply may reason first (the compiled one, shared)."""
+        return Grammar(self._matcher, self._words, self._closers, gate)
 
     @property
     def budgeted(self) -> bool:

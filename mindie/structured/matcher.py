@@ -87,11 +87,17 @@ class GrammarMatcher:
         # each step would only cost time (max_tokens cuts the value as it would a free one).
         self._hopeless = False
 
-    def fit_budget(self, token: int, budget: int) -> int:
+    @property
+    def constrains_next(self) -> bool:
+        """Whether the sampler masks the next token: always (a gated grammar may not; reasoning_gate.py)."""
+        return True
+
+    def fit_budget(self, token: int, budget: int, ends_sample: bool = False) -> int:
         """The token to take now with `budget` tokens left (this one included): `token`, unless
         the value could then no longer be completed within the budget, in which case the next
         token of a shortest completion from here. So a value always finishes, closing what is open
-        and filling the required fields, when the budget comes down to what that needs."""
+        and filling the required fields, when the budget comes down to what that needs.
+        (`ends_sample` is for a gated grammar: here the mask keeps EOS out until the value is whole.)"""
         if self._closers is None or self._hopeless:
             return token
         if self._path and self._path[0] == token:  # the known completion goes on fitting
@@ -103,10 +109,18 @@ class GrammarMatcher:
             if rest is not None:
                 self._next = (token, rest)
                 return token
+        forced = self.shortest_start(budget)
+        return token if forced is None else forced
+
+    def shortest_start(self, budget: int) -> int | None:
+        """The next token of a shortest completion from here that fits `budget` tokens, to be taken
+        now; None where there is none (or the value is already complete, or no completion is known)."""
+        if self._closers is None or self._hopeless:
+            return None
         path = self._path if self._path else _shortest_path(self._matcher, self._closers, budget)
         if not path:  # None: nothing fits any more; []: the value is already complete (EOS is allowed)
             self._hopeless = path is None
-            return token
+            return None
         self._next = (path[0], path[1:])
         return path[0]
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from mindie.engine.block_manager import ROOT_HASH, BlockManager, PrefixMatch, hash_block
+from mindie.engine.block_manager import HOLE, ROOT_HASH, BlockManager, PrefixMatch, hash_block
 
 BS = 4
 
@@ -356,6 +356,43 @@ def test_unknown_and_duplicate_ids():
     m.check_invariants()
 
 
+def test_release_before_leaves_holes_and_releases_as_free_does():
+    m = BlockManager(8, BS)
+    run(m, "a", toks(14), 14)  # blocks 0..3, the first three full and committed
+    m.fork("a", "b")  # b shares every block
+    assert m.release_before("a", 9) == 2  # positions < 9: blocks holding 0..7 only
+    assert m.block_table("a") == [HOLE, HOLE, 2, 3] and m.num_released("a") == 2
+    assert [m.ref_count(b) for b in range(4)] == [1, 1, 2, 2]  # b still holds 0 and 1
+    assert m.release_before("a", 11) == 0 and m.release_before("a", 3) == 0  # nothing more, never back
+    m.check_invariants()
+    m.fork("a", "c")  # a fork takes the holes as they are
+    assert m.block_table("c") == [HOLE, HOLE, 2, 3] and [m.ref_count(b) for b in range(4)] == [1, 1, 3, 3]
+    m.free("c")
+    m.free("b")  # 0 and 1 reach ref 0 holding a prefix: cached, not corrupted, still hit
+    assert counts(m) == (6, 2, 2)
+    assert m.match_prefix(toks(14)).block_ids == [0, 1, 2]
+    with pytest.raises(IndexError, match="released"):
+        m.prepare_append("a", 7)
+    assert m.prepare_append("a", 13) == [] and m.release_before("a", 16) == 2
+    assert m.block_table("a") == [HOLE] * 4 and m.num_used_blocks() == 0
+    m.free("a")
+    m.check_invariants()
+    assert m.num_free_blocks() == 8
+
+
+def test_released_blocks_go_back_to_the_free_list_without_caching():
+    m = BlockManager(4, BS, enable_prefix_caching=False)
+    run(m, "a", toks(12), 12)
+    assert m.release_before("a", 10) == 2 and m.num_free_blocks() == 3
+    assert m.allocate("b", toks(5, 50), 5) == 0 and m.block_table("b") == [0, 1]  # lowest ids first
+    m.check_invariants()
+    with pytest.raises(ValueError, match="released before they were committed"):
+        cached = BlockManager(4, BS)
+        assert cached.allocate("c", toks(12), 12) == 0
+        cached.release_before("c", 12)
+        cached.commit("c", toks(12), 12)
+
+
 def test_check_invariants_catches_corruption():
     m = BlockManager(4, BS)
     m.allocate("a", toks(5), 5)
@@ -383,11 +420,16 @@ def test_randomized_stress():
             kv[m.block_table(sid)[p // BS]][p % BS] = tokens[p]
 
     def read(sid: str, n: int) -> list:
+        """The cached tokens of positions [0, n), None for those in released blocks."""
         table = m.block_table(sid)
-        return [kv[table[p // BS]][p % BS] for p in range(n)]
+        return [None if table[p // BS] == HOLE else kv[table[p // BS]][p % BS] for p in range(n)]
+
+    def kept(sid: str, tokens: list[int], n: int) -> list:
+        held = m.num_released(sid) * BS
+        return [None] * min(held, n) + tokens[held:n]
 
     for _ in range(400):
-        op = rng.choice(["new"] * 2 + ["step"] * 5 + ["fork"] * 2 + ["free"] * 3 + ["import"])
+        op = rng.choice(["new"] * 2 + ["step"] * 5 + ["fork"] * 2 + ["free"] * 3 + ["import"] + ["slide"])
         before = state(m)
         if op == "new" or not seqs:
             sid, next_id = f"s{next_id}", next_id + 1
@@ -432,6 +474,9 @@ def test_randomized_stress():
             sid = rng.choice(sorted(seqs))
             m.free(sid)
             del seqs[sid]
+        elif op == "slide":  # a sliding window passed: blocks before it are released
+            sid = rng.choice(sorted(seqs))
+            seen["released"] += m.release_before(sid, seqs[sid][1] - rng.randrange(1, 9))
         else:  # import from another server: KV arrives for every token
             sid, next_id = f"s{next_id}", next_id + 1
             tokens = rng.choice(bases)[: rng.randrange(1, 17)]
@@ -445,8 +490,8 @@ def test_randomized_stress():
                 seqs[sid] = (tokens, len(tokens))
         m.check_invariants()
         for sid, (tokens, done) in seqs.items():
-            assert read(sid, done) == tokens[:done], sid
-    assert min(seen[k] for k in ("copy-on-write", "failed", "hit", "import")) > 0, seen
+            assert read(sid, done) == kept(sid, tokens, done), sid
+    assert min(seen[k] for k in ("copy-on-write", "failed", "hit", "import", "released")) > 0, seen
     assert 0 < m.prefix_hit_tokens < m.prefix_query_tokens
     for sid in list(seqs):
         m.free(sid)

@@ -21,7 +21,6 @@ GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe
                       "gemma3_text": "gemma3", "phi3": "phi3"}
 # llama.cpp's expert tensors: per MoE layer, one 3-D tensor per projection
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
-_GGUF_CONTROL, _GGUF_USER_DEFINED, _GGUF_NORMAL = 3, 4, 1
 
 
 def _gguf_names(arch: str) -> dict[str, str]:
@@ -95,15 +94,17 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, for_llam
     added = tok.get_added_tokens_decoder()
     vocab = tok.get_vocab(with_added_tokens=True)
     tokens = sorted(vocab, key=vocab.__getitem__)
-    types = [(_GGUF_CONTROL if added[i].special else _GGUF_USER_DEFINED) if i in added else _GGUF_NORMAL
+    kinds = gguf.TokenType
+    types = [int((kinds.CONTROL if added[i].special else kinds.USER_DEFINED) if i in added else kinds.NORMAL)
              for i in range(len(tokens))]
+    # As llama.cpp's converter pads a vocabulary to the model's size: UNUSED tokens, never text.
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
+    types += [int(kinds.UNUSED)] * (vocab_size - len(types))
     merges: list[str] = []
     if for_llama_cpp:
-        # As the converter pads a vocabulary to the model's size; and llama.cpp refuses a gpt2 one
-        # without merges (the tests' byte-level tokenizers have none, and the gguf writer drops an
-        # empty list): one merge whose result is no token, so that it never applies.
-        tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab_size)]
-        types += [int(gguf.TokenType.UNUSED)] * (vocab_size - len(types))
+        # llama.cpp refuses a gpt2 vocabulary without merges (the tests' byte-level tokenizers have
+        # none, and the gguf writer drops an empty list): one merge whose result is no token, so
+        # that it never applies.
         merges = ["Ā Ā"]
     config = json.loads((hf_dir / "tokenizer_config.json").read_text())
     w.add_tokenizer_model("gpt2")

@@ -83,6 +83,25 @@ def test_handoff_continues_exactly(tiny_llama, params):
     assert d.blocks.num_used_blocks() == 0 and not d.handoff.reserved
 
 
+def test_a_sliding_window_model_hands_off_every_prompt_block(tiny_phi3):
+    """P keeps the blocks its window has passed for the export (D reads none of them but gets the
+    whole prompt's KV); D then releases them as it decodes, and the tokens are one engine's."""
+    prompt = [(7 * i + 3) % 250 for i in range(28)]  # 7 blocks, past the window of 24
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    expected = alone(tiny_phi3, prompt, params)
+    p, d = engine(tiny_phi3), engine(tiny_phi3)
+    assert p.scheduler.config.window == 24
+    p.add_request(EngineRequest("r", prompt, params, handoff=True))
+    [first] = drain(p)
+    assert first.kv is not None and first.kv.num_tokens == len(prompt) and len(first.kv.block_ids) == 7
+    hand_over(p, d, EngineRequest("r", prompt, params), first, [first])
+    rest = d.step()
+    assert d.blocks.num_released("r#0") == (len(prompt) + 1 - 24 + 1) // 4  # the first step on D released them
+    rest += drain(d)
+    assert token_ids([first] + rest) == token_ids(expected)
+    assert d.blocks.num_used_blocks() == 0 and p.blocks.num_used_blocks() == 0
+
+
 def test_handoff_that_ends_at_its_first_token_keeps_nothing(tiny_llama):
     p = engine(tiny_llama)
     p.add_request(EngineRequest("r", [5, 6, 7], SamplingParams(max_tokens=1, temperature=0), handoff=True))

@@ -7,16 +7,20 @@ so that the exact texts are known from its tokens."""
 from __future__ import annotations
 
 import json
-import re
+from dataclasses import dataclass
 
 import httpx
+import jsonschema
 import pytest
+import torch
+from helpers.guided import end_tag_bias, hf_biased_greedy, hf_guided_greedy
 from helpers.server import RunningServer, local_settings
+from helpers.tiny_models import QWEN3_EOS
 
 from mindie.engine.request import FinishReason, RequestOutput, SamplingParams
 from mindie.server.protocols.openai_chat import ChatRenderer, ChatRequest
 from mindie.server.results import Result, SampleResult, StreamItem
-from mindie.structured.reasoning_parser import ThinkTags
+from mindie.structured.reasoning_parser import Phase, ThinkTags
 
 # (model output, whether the prompt opened a think block, the message's reasoning_content and content)
 RENDERED = [
@@ -30,7 +34,8 @@ RENDERED = [
 def renderer(stream: bool, opened: bool) -> ChatRenderer:
     req = ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "2+2?"}],
                                       "stream": stream})
-    return ChatRenderer(req, SamplingParams(), None, [1, 2], "", False, ThinkTags(), opened)
+    return ChatRenderer(req, SamplingParams(), None, [1, 2], "", False, ThinkTags(),
+                        Phase.INSIDE if opened else Phase.BEFORE)
 
 
 @pytest.mark.parametrize("text,opened,reasoning,content", RENDERED)
@@ -52,8 +57,9 @@ def test_chat_message_and_deltas_from_known_text(text, opened, reasoning, conten
     assert all(set(d) <= {"role", "content", "reasoning_content"} for d in deltas)
 
 
-# The reply is steered to end at </think>: guided decoding ends the output at Qwen3's added
-# (non-special) tag tokens, so no text can be made to follow one.
+# Free replies are steered to end at </think> with guided decoding (the grammar's output holds the
+# tag as text): without a reasoning parser, or where the prompt opened no block, the grammar starts
+# at the first token. With the parser a grammar waits for the end of the reasoning (tests below).
 ENDS_THINKING = r"[a-z]{1,8}</think>"
 # A template that ends the generation prompt inside a think block (Qwen3's thinking-only models).
 OPENS = "{% for m in messages %}{{ m['content'] }}{% endfor %}<|im_start|>assistant\n<think>\n"
@@ -72,6 +78,19 @@ def decode(tiny_qwen3_dir):
 
     tok = Tokenizer.from_file(str(tiny_qwen3_dir / "tokenizer.json"))
     return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen3_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def think(qwen3_server) -> ThinkTags:
+    assert qwen3_server.ctx.reasoning is not None and qwen3_server.ctx.reasoning.end_id is not None
+    return qwen3_server.ctx.reasoning
 
 
 def chat(server: RunningServer, **body) -> dict:
@@ -106,12 +125,17 @@ def test_thinking_off_closes_the_block_in_the_prompt_and_leaves_content_unchange
     assert decode(on["prompt_token_ids"]) == "user\n2+2?\nassistant\n"
 
 
-def test_a_prompt_that_opens_the_block_starts_the_reply_in_reasoning(qwen3_server, decode):
-    reply = chat(qwen3_server, chat_template=OPENS, guided_regex=ENDS_THINKING)
-    m = re.fullmatch(r"([a-z]+)</think>", decode(reply["choices"][0]["token_ids"]))
-    assert m is not None
-    assert reply["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning_content": m.group(1)}
-    assert stream(qwen3_server, chat_template=OPENS, guided_regex=ENDS_THINKING) == (m.group(1), "")
+def test_a_prompt_that_opens_the_block_starts_the_reply_in_reasoning(qwen3_server, decode, hf, think):
+    """The reply is reasoning until </think> (a bias makes the tiny model write it after a few tokens)."""
+    prompt = chat(qwen3_server, chat_template=OPENS, max_tokens=1)["prompt_token_ids"]
+    bias, at = end_tag_bias(hf, prompt, think.end_id)
+    reply = chat(qwen3_server, chat_template=OPENS, logit_bias={str(think.end_id): bias}, max_tokens=at + 1)
+    ids = reply["choices"][0]["token_ids"]
+    assert ids == hf_biased_greedy(hf, prompt, {think.end_id: bias}, at + 1) and ids[-1] == think.end_id
+    assert reply["choices"][0]["message"] == {"role": "assistant", "content": None,
+                                              "reasoning_content": decode(ids[:-1])}
+    assert stream(qwen3_server, chat_template=OPENS, logit_bias={str(think.end_id): bias},
+                  max_tokens=at + 1) == (decode(ids[:-1]), "")
 
 
 def test_an_end_tag_without_a_block_stays_content(qwen3_server, decode):
@@ -130,6 +154,85 @@ def test_reasoning_parser_none_keeps_the_tags_in_content(tiny_qwen3_dir, decode)
         assert stream(server, chat_template=OPENS, guided_regex=ENDS_THINKING) == ("", text)
     finally:
         server.close()
+
+
+# Guided decoding with reasoning: the grammar starts after </think>. No free strings in the schema,
+# so a bias on </think> (whose text a JSON string could hold) cannot reach the answer.
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]}},
+          "required": ["ok", "size"]}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+TOOL = {"type": "function", "function": {"name": "measure", "parameters": SCHEMA}}
+
+
+@dataclass(frozen=True)
+class GuidedReply:
+    reply: dict
+    bias: dict[str, float]  # the request's logit_bias: on </think>
+    reasoning: list[int]  # transformers' free greedy tokens, </think> included
+    answer: list[int]  # then its greedy tokens under the grammar, EOS included
+
+
+def guided_reply(server: RunningServer, hf, think: ThinkTags, grammar, **body) -> GuidedReply:
+    """A reply to `body` made to reason for a few tokens (OPENS, a bias on </think>), with the
+    free reasoning and the answer transformers' greedy gives under `grammar` after it."""
+    prompt = chat(server, chat_template=OPENS, max_tokens=160, **body)["prompt_token_ids"]
+    bias, at = end_tag_bias(hf, prompt, think.end_id)
+    reasoning = hf_biased_greedy(hf, prompt, {think.end_id: bias}, at + 1)
+    assert reasoning[-1] == think.end_id
+    answer = hf_guided_greedy(hf, prompt + reasoning, grammar.matcher(), {QWEN3_EOS}, {think.end_id: bias})
+    logit_bias = {str(think.end_id): bias}
+    reply = chat(server, chat_template=OPENS, logit_bias=logit_bias, max_tokens=160, **body)
+    assert reply["prompt_token_ids"] == prompt
+    return GuidedReply(reply, logit_bias, reasoning, answer)
+
+
+def test_a_json_schema_applies_after_the_reasoning(qwen3_server, decode, hf, think):
+    grammar = qwen3_server.ctx.grammars.json_schema(SCHEMA)
+    got = guided_reply(qwen3_server, hf, think, grammar, response_format=FORMAT)
+    choice = got.reply["choices"][0]
+    assert choice["token_ids"] == got.reasoning + got.answer
+    content = decode(got.answer)  # its EOS is special: not in the text
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert choice["message"] == {"role": "assistant", "content": content,
+                                 "reasoning_content": decode(got.reasoning[:-1])}
+    assert choice["finish_reason"] == "stop"
+    assert stream(qwen3_server, chat_template=OPENS, logit_bias=got.bias, max_tokens=160,
+                  response_format=FORMAT) == (decode(got.reasoning[:-1]), content)
+
+
+def test_a_named_tool_call_is_made_after_the_reasoning(qwen3_server, decode, hf, think):
+    grammar = qwen3_server.ctx.grammars.tool_call({"measure": SCHEMA})
+    got = guided_reply(qwen3_server, hf, think, grammar, tools=[TOOL],
+                       tool_choice={"type": "function", "function": {"name": "measure"}})
+    choice = got.reply["choices"][0]
+    assert choice["token_ids"] == got.reasoning + got.answer
+    call = json.loads(decode(got.answer))
+    message = choice["message"]
+    assert message["reasoning_content"] == decode(got.reasoning[:-1]) and message["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+        ("measure", call["arguments"])]
+    jsonschema.validate(call["arguments"], SCHEMA)
+    assert choice["finish_reason"] == "tool_calls"
+
+
+def test_thinking_off_puts_the_grammar_on_the_first_token(qwen3_server, decode, hf):
+    off = {"enable_thinking": False}
+    prompt = chat(qwen3_server, chat_template_kwargs=off, max_tokens=1)["prompt_token_ids"]
+    answer = hf_guided_greedy(hf, prompt, qwen3_server.ctx.grammars.json_schema(SCHEMA).matcher(), {QWEN3_EOS})
+    reply = chat(qwen3_server, chat_template_kwargs=off, response_format=FORMAT)
+    assert reply["choices"][0]["token_ids"] == answer
+    assert reply["choices"][0]["message"] == {"role": "assistant", "content": decode(answer)}
+    jsonschema.validate(json.loads(decode(answer)), SCHEMA)
+
+
+def test_max_tokens_must_leave_room_for_the_end_tag(qwen3_server):
+    needed = qwen3_server.ctx.grammars.json_schema(SCHEMA).matcher().min_tokens()
+    assert needed is not None
+    body = {"model": "qwen3", "messages": [{"role": "user", "content": "2+2?"}], "chat_template": OPENS,
+            "response_format": FORMAT, "max_tokens": needed}
+    r = httpx.post(qwen3_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and f"needs at least {needed + 1} tokens" in r.json()["error"]["message"]
+    assert chat(qwen3_server, **{**body, "max_tokens": needed + 1})["choices"][0]["message"]["content"] is not None
 
 
 def test_the_flag_picks_the_parser():

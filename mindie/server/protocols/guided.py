@@ -21,6 +21,7 @@ from mindie.structured.errors import GrammarError
 if TYPE_CHECKING:
     from mindie.server.serving import Serving
     from mindie.structured.grammar import Grammar, GrammarCompiler
+    from mindie.structured.reasoning_gate import ReasoningGate
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar"]
 
@@ -158,11 +159,13 @@ def one_of(constraints: list[Constraint]) -> Constraint | None:
 
 
 async def compile_checked(ctx: Serving, build: Any, max_tokens: int | None, what: str,
-                          budget_param: str = "max_tokens") -> Grammar | None:
-    """`build()` (a compile, off the event loop), then the budget check: a `max_tokens` (named
-    `budget_param` in the request) too small for any valid output is a 400 saying how many tokens
-    are needed, where that is known."""
+                          budget_param: str = "max_tokens", gate: ReasoningGate | None = None) -> Grammar | None:
+    """`build()` (a compile, off the event loop), behind `gate` when the reply may reason first,
+    then the budget check: a `max_tokens` (named `budget_param` in the request) too small for any
+    valid output is a 400 saying how many tokens are needed, where that is known."""
     grammar = await asyncio.to_thread(build)
+    if grammar is not None and gate is not None:
+        grammar = grammar.after_reasoning(gate)
     if grammar is not None and max_tokens is not None:
         needed = grammar.matcher().min_tokens(limit=max_tokens + 1)
         if needed is not None and needed > max_tokens or needed is None and grammar.budgeted:
@@ -171,7 +174,9 @@ async def compile_checked(ctx: Serving, build: Any, max_tokens: int | None, what
     return grammar
 
 
-async def compile_guided(ctx: Serving, constraint: Constraint | None, max_tokens: int | None) -> Grammar | None:
+async def compile_guided(ctx: Serving, constraint: Constraint | None, max_tokens: int | None,
+                         gate: ReasoningGate | None = None) -> Grammar | None:
     if constraint is None:
         return None
-    return await compile_checked(ctx, lambda: constraint.compile(ctx.grammars), max_tokens, constraint.param)
+    return await compile_checked(ctx, lambda: constraint.compile(ctx.grammars), max_tokens, constraint.param,
+                                 gate=gate)

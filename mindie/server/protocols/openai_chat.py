@@ -26,7 +26,8 @@ from mindie.server.protocols.openai import (
     vllm_prompt_logprobs,
 )
 from mindie.server.results import Result, StreamItem
-from mindie.structured.reasoning_parser import ReasoningSplitter, ThinkTags, split_reasoning
+from mindie.structured.reasoning_gate import ReasoningGate
+from mindie.structured.reasoning_parser import Phase, ReasoningSplitter, ThinkTags, split_reasoning
 from mindie.structured.tool_parser import ContentDelta, ToolCallParser, parse_tool_calls
 
 if TYPE_CHECKING:
@@ -83,26 +84,33 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     strict = any(t.function.strict for t in req.tools or ())
     formatted = req.response_format is not None and req.response_format.type != "text"
     guided = one_of(req.guided())
+    # A reasoning model thinks freely first: its grammar starts after the think block.
+    gate = ReasoningGate.for_prompt(ctx.reasoning, prompt) if ctx.reasoning is not None else None
     if tools_support.constrained(req.tool_choice, req.response_format, strict):
         if guided is not None:
             raise APIError(422, f"{guided.param} cannot be combined with response_format, a required or named "
                                 "tool_choice, or strict tools: they constrain the same output", guided.param)
         grammar = await compile_checked(
             ctx, lambda: tools_support.constraint(ctx.grammars, tools, req.tool_choice, req.response_format, strict),
-            params.max_tokens, "response_format" if formatted else "the tool call")
+            params.max_tokens, "response_format" if formatted else "the tool call", gate=gate)
     else:
-        grammar = await compile_guided(ctx, guided, params.max_tokens)
+        grammar = await compile_guided(ctx, guided, params.max_tokens, gate)
     request = EngineRequest(UNNAMED, ids, params, prompt_text=prompt, grammar=grammar, media=media)
     final = req.messages[-1]
     echoed = final.content if req.echo and final.role == "assistant" and isinstance(final.content, str) else ""
-    thinking = ctx.reasoning is not None and ctx.reasoning.opened_by(prompt)
+    if gate is not None and grammar is not None:  # split as the gate let the grammar see the reply
+        phase, opens_late = gate.phase, False
+    else:  # a free reply: text is content until the model writes <think>, wherever that is
+        thinking = ctx.reasoning is not None and ctx.reasoning.opened_by(prompt)
+        phase, opens_late = (Phase.INSIDE if thinking else Phase.BEFORE), True
     return Call([request], stream=req.stream), ChatRenderer(req, params, ctx.tokenizer, ids, echoed,
-                                                            ctx.settings.full_text, ctx.reasoning, thinking)
+                                                            ctx.settings.full_text, ctx.reasoning, phase, opens_late)
 
 
 class ChatRenderer(OpenAIRenderer):
     def __init__(self, req: ChatRequest, params: SamplingParams, tokenizer: Tokenizer, prompt_ids: list[int],
-                 echoed: str, full_text: bool, reasoning: ThinkTags | None, thinking: bool) -> None:
+                 echoed: str, full_text: bool, reasoning: ThinkTags | None, phase: Phase = Phase.BEFORE,
+                 opens_late: bool = True) -> None:
         super().__init__()
         self.req = req
         self.n = params.n
@@ -117,10 +125,10 @@ class ChatRenderer(OpenAIRenderer):
         streams_calls = req.stream and req.reads_calls
         self.parsers = {i: ToolCallParser(self.names) for i in range(params.num_outputs)} if streams_calls else {}
         self.called: set[int] = set()
-        # The model's think tags (None: replies are not split), and whether the prompt left the reply
-        # inside a think block; when streaming, each sample's splitter.
-        self.reasoning, self.thinking = reasoning, thinking
-        self.splitters = ({i: ReasoningSplitter(reasoning, thinking) for i in range(params.num_outputs)}
+        # The model's think tags (None: replies are not split), where the reply starts relative to a
+        # think block and whether one may open after content began; when streaming, each sample's splitter.
+        self.reasoning, self.phase, self.opens_late = reasoning, phase, opens_late
+        self.splitters = ({i: ReasoningSplitter(reasoning, phase, opens_late) for i in range(params.num_outputs)}
                           if req.stream and reasoning is not None else {})
 
     def _head(self, results: list[Result], kind: str) -> dict[str, Any]:
@@ -169,7 +177,7 @@ class ChatRenderer(OpenAIRenderer):
         tool call."""
         reasoning, content = None, text
         if self.reasoning is not None:
-            reasoning, content = split_reasoning(self.reasoning, text, self.thinking)
+            reasoning, content = split_reasoning(self.reasoning, text, self.phase, self.opens_late)
         message, called = self._answer(self.echoed + (content or ""))
         if reasoning is not None:
             message["content"] = message["content"] or None  # as vLLM: nothing after the reasoning is null
