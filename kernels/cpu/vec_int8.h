@@ -16,6 +16,7 @@
 // sign moved onto the activations.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -49,6 +50,27 @@ struct ActRef {
   const float* sum32;
   template <int S>
   float sum(int64_t span) const { return S == 2 ? sum32[span] : sum16[span]; }
+};
+
+// One block's share of the prefetches of the panel a streaming GEMV reads next: its `lines` cache
+// lines from `at`, issued into L2 one at a time between the block's dot products (slot()) rather than
+// as a burst of back-to-back prefetch instructions. The burst held a core at 12.5 GB/s on a Q4_0
+// panel walk where a plain read makes 16 (Sapphire Rapids); spaced two dot-product steps apart the
+// same prefetches run at the plain read's rate. Its methods are always inlined: GCC 12 otherwise
+// finds them free of side effects (a prefetch has none it can see) and drops the calls.
+struct BlockPrefetch {
+  const uint8_t* at;
+  int64_t lines;
+  BlockPrefetch(const uint8_t* pf, const uint8_t* pf_end, int64_t pf_step)
+      : at(pf), lines(pf < pf_end ? (std::min(pf_step, static_cast<int64_t>(pf_end - pf)) + 63) / 64 : 0) {}
+  // Step s (0 to 15, a compile-time constant once unrolled) of the block's dot products.
+  [[gnu::always_inline]] void slot(int s) const {
+    if (s % 2 == 0 && s / 2 < lines) __builtin_prefetch(at + 32 * s, 0, 2);
+  }
+  // The lines slot() leaves (more than 8 a block: Q8_0).
+  [[gnu::always_inline]] void rest() const {
+    for (int64_t l = 8; l < lines; ++l) __builtin_prefetch(at + 64 * l, 0, 2);
+  }
 };
 
 #if defined(MINDIE_ISA_AVX512)
@@ -138,7 +160,7 @@ struct Int8Panel {
         const int64_t b = unit * kUnitBlocks + decltype(j)::value;
         // Into L2 (prefetcht1), not L1: panels ahead do not fit beside the one being read, and the L1
         // fill buffers stay free for the demand loads (9-15% more GB/s from memory than prefetcht0).
-        for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p, 0, 2);
+        const BlockPrefetch ahead(pf, pf_end, pf_step);
         pf += pf_step;
         const UnitAt at = unit_at<F>(panel, blocks, unit, 0);
         __m512i u[8];
@@ -161,6 +183,7 @@ struct Int8Panel {
           for (int plane = 0; plane < 2; ++plane) {
             const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
             for (int v = 0; v < 8; ++v) {
+              if (c == 0) ahead.slot(8 * plane + v);
               const int chain = S == 2 ? v % 2 : v / 4;
               const __m512i sv = broadcast4(a + 4 * v);
               if constexpr (F == QFormat::kQ8_0) acc[plane][chain] = dot(acc[plane][chain], wq[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
@@ -181,6 +204,7 @@ struct Int8Panel {
             }
           }
         }
+        ahead.rest();
       }, std::make_integer_sequence<int, kUnitBlocks>{});
     }
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + c * 16, f[c]);
