@@ -53,11 +53,12 @@ struct ActRef {
 };
 
 // One block's share of the prefetches of the panel a streaming GEMV reads next: its `lines` cache
-// lines from `at`, issued into L2 one at a time between the block's dot products (slot()) rather than
-// as a burst of back-to-back prefetch instructions. The burst held a core at 12.5 GB/s on a Q4_0
-// panel walk where a plain read makes 16 (Sapphire Rapids); spaced two dot-product steps apart the
-// same prefetches run at the plain read's rate. Its methods are always inlined: GCC 12 otherwise
-// finds them free of side effects (a prefetch has none it can see) and drops the calls.
+// lines from `at`, issued into L2 (prefetcht1) one at a time between the block's dot products
+// (slot()) rather than as a burst of back-to-back prefetch instructions. On a Sapphire Rapids core
+// the burst held a Q4_0 panel walk at 12.5 GB/s where a plain read makes 16; spaced two dot-product
+// steps apart, the same prefetches run at the plain read's rate (the AVX2 kernel there: 10.0 to 14.0
+// GB/s; prefetcht0 gave 12). The methods are always inlined: GCC 12 otherwise finds them free of
+// side effects (it sees none in a prefetch) and drops the calls.
 struct BlockPrefetch {
   const uint8_t* at;
   int64_t lines;
@@ -322,7 +323,7 @@ struct Int8Panel {
     for (int64_t unit = 0; unit < blocks / kUnitBlocks; ++unit) {
       each_block([&](auto j) {
         const int64_t b = unit * kUnitBlocks + decltype(j)::value;
-        for (const uint8_t* p = pf; p < pf + pf_step && p < pf_end; p += 64) __builtin_prefetch(p);
+        const BlockPrefetch ahead(pf, pf_end, pf_step);
         pf += pf_step;
         for (int h = 0; h < 2; ++h) {
           const UnitAt at = unit_at<F>(panel, blocks, unit, 8 * h);
@@ -335,8 +336,10 @@ struct Int8Panel {
               __m256i acc[2] = {z, z};
               for (int plane = 0; plane < 2; ++plane) {
                 const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-                for (int v = 0; v < 8; ++v)
+                for (int v = 0; v < 8; ++v) {
+                  if (h == 0 && c == 0) ahead.slot(8 * plane + v);
                   acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
+                }
               }
               const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
               f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc[0], _mm256_set1_ps(x[c].d[b])), f[c][h]);
@@ -346,8 +349,10 @@ struct Int8Panel {
                 const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
                 for (int v0 = 0; v0 < 8; v0 += kPairSums) {
                   __m256i pairs = z;
-                  for (int v = v0; v < v0 + kPairSums; ++v)
+                  for (int v = v0; v < v0 + kPairSums; ++v) {
+                    if (h == 0 && c == 0) ahead.slot(8 * plane + v);
                     pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+                  }
                   const int span = S == 2 ? 0 : v0 / 4;
                   sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
                 }
@@ -360,6 +365,7 @@ struct Int8Panel {
             }
           }
         }
+        ahead.rest();
       }, std::make_integer_sequence<int, kUnitBlocks>{});
     }
     for (int c = 0; c < C; ++c)
