@@ -45,7 +45,7 @@ class TiledVision:
         if spec.tile % (enc.patch_size * enc.scale_factor):
             raise ValueError(f"max_image_size {spec.tile} must be a multiple of patch_size x scale_factor "
                              f"({enc.patch_size} x {enc.scale_factor})")
-        self.vision = VisionEncoder(enc, weights)
+        self.vision = VisionEncoder(enc, weights, self.dtype)
         self.tile_spec = spec
         self.name = (raw.get("architectures") or ARCHITECTURES)[0].removesuffix("ForConditionalGeneration")
         image_id = int(raw.get("image_token_id", 128257))
@@ -96,7 +96,7 @@ class Idefics3Model(TiledVision, LlamaModel):
 
 class QuantizedIdefics3Model(TiledVision, QuantizedLlamaModel):
     """The language model in the quantized C++ step (which takes the tiles' rows); the encoder
-    stays float32 torch."""
+    runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  raw: dict[str, Any], spec: TileSpec, tokenizer: Tokenizer, quantization: str) -> None:

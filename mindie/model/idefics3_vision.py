@@ -1,7 +1,9 @@
-"""Idefics3 / SmolVLM's vision side in torch, float32: the SigLIP encoder (patch embedding with
-learned position embeddings, pre-LN transformer layers, post layer norm) and the connector (pixel
-shuffle by scale_factor, a linear projection to the language model's width), as transformers'
-Idefics3VisionTransformer and Idefics3Connector compute them for one whole tile."""
+"""Idefics3 / SmolVLM's vision side in torch: the SigLIP encoder (patch embedding with learned
+position embeddings, pre-LN transformer layers, post layer norm) and the connector (pixel shuffle by
+scale_factor, a linear projection to the language model's width), as transformers'
+Idefics3VisionTransformer and Idefics3Connector compute them for one whole tile. It runs in the
+model's dtype, as transformers runs a checkpoint's encoder (bfloat16 matrix products on the AMX
+tiles; layer norms and attention keep float32 inside their kernels, as there)."""
 
 from __future__ import annotations
 
@@ -44,13 +46,15 @@ class EncoderConfig:
 class VisionEncoder:
     """Weights under `model.vision_model.` and `model.connector.`; `encode` reads one tile."""
 
-    def __init__(self, config: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: EncoderConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+                 ) -> None:
         self.config = config
+        self.dtype = dtype
 
         def take(name: str) -> torch.Tensor:
             if name not in weights:
                 raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name].float().contiguous()
+            return weights[name].to(dtype).contiguous()
 
         p = "model.vision_model."
         self.patch_w = take(p + "embeddings.patch_embedding.weight")
@@ -78,17 +82,19 @@ class VisionEncoder:
 
     @torch.no_grad()
     def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """float32 [3, H, W] -> [image_seq_len, text hidden]."""
+        """float32 [3, H, W] -> [image_seq_len, text hidden] in the encoder's dtype."""
         c = self.config
-        x = F.conv2d(pixels[None], self.patch_w, self.patch_b, stride=c.patch_size)  # [1, D, h, w]
+        x = F.conv2d(pixels[None].to(self.dtype), self.patch_w, self.patch_b, stride=c.patch_size)  # [1, D, h, w]
         rows, cols = x.shape[2:]
         x = x.flatten(2).transpose(1, 2)[0] + self.positions[self.position_ids(rows, cols)]
         d, heads = c.hidden_size, c.num_heads
         for w in self.layers:
             h = F.layer_norm(x, (d,), w["layer_norm1.weight"], w["layer_norm1.bias"], c.layer_norm_eps)
+            # [1, heads, patches, head_dim]: torch's fused attention takes 4-D inputs only (3-D ones
+            # take the unfused path, which rounds differently from transformers' call)
             q, k, v = (F.linear(h, w[f"self_attn.{m}_proj.weight"], w[f"self_attn.{m}_proj.bias"])
-                       .view(-1, heads, d // heads).transpose(0, 1) for m in "qkv")
-            a = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(-1, d)
+                       .view(1, -1, heads, d // heads).transpose(1, 2) for m in "qkv")
+            a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(-1, d)
             x = x + F.linear(a, w["self_attn.out_proj.weight"], w["self_attn.out_proj.bias"])
             h = F.layer_norm(x, (d,), w["layer_norm2.weight"], w["layer_norm2.bias"], c.layer_norm_eps)
             h = ACTIVATIONS[c.hidden_act](F.linear(h, w["mlp.fc1.weight"], w["mlp.fc1.bias"]))

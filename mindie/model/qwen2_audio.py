@@ -43,7 +43,7 @@ class AudioLanguage:
         if spec.n_samples // spec.hop_length != 2 * enc.max_source_positions:  # the convolutions halve it
             raise ValueError(f"{spec.chunk_length} s of {spec.hop_length}-sample frames do not fill the encoder's "
                              f"{enc.max_source_positions} positions")
-        self.audio = AudioEncoder(enc, weights)
+        self.audio = AudioEncoder(enc, weights, self.dtype)
         self.audio_spec = spec
         self.features = AudioFeatures(spec)
         self.name = "Qwen2-Audio"
@@ -87,7 +87,7 @@ class Qwen2AudioModel(AudioLanguage, LlamaModel):
 
 class QuantizedQwen2AudioModel(AudioLanguage, QuantizedLlamaModel):
     """The language model in the quantized C++ step (which takes the clips' rows); the encoder
-    stays float32 torch."""
+    runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  raw: dict[str, Any], spec: AudioSpec, quantization: str) -> None:

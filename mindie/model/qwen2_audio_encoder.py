@@ -1,7 +1,9 @@
-"""Qwen2-Audio's audio tower and projector in torch float32 (transformers' Qwen2AudioEncoder and
+"""Qwen2-Audio's audio tower and projector in torch (transformers' Qwen2AudioEncoder and
 Qwen2AudioMultiModalProjector): two 1-D convolutions with GELU, learned positions, pre-norm
 Whisper encoder layers, an average pool by 2, a layer norm, and a linear map to the language
-model's width.
+model's width. It runs in the model's dtype, as transformers runs a checkpoint's encoder
+(bfloat16 matrix products on the AMX tiles; layer norms and attention keep float32 inside their
+kernels, as there).
 
 transformers runs the whole 30 s window and masks the padding positions out of the attention's
 keys; a kept position's output depends only on the kept positions, so only those are run here
@@ -43,20 +45,22 @@ class EncoderConfig:
 class AudioEncoder:
     """Weights under `audio_tower.*` and `multi_modal_projector.linear.*`."""
 
-    def __init__(self, config: EncoderConfig, weights: dict[str, torch.Tensor]) -> None:
+    def __init__(self, config: EncoderConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+                 ) -> None:
         self.config = config
-        self.w = {k.removeprefix("audio_tower."): v.float() for k, v in weights.items()
+        self.dtype = dtype
+        self.w = {k.removeprefix("audio_tower."): v.to(dtype) for k, v in weights.items()
                   if k.startswith("audio_tower.")}
-        self.proj_w = weights["multi_modal_projector.linear.weight"].float()
-        self.proj_b = weights["multi_modal_projector.linear.bias"].float()
+        self.proj_w = weights["multi_modal_projector.linear.weight"].to(dtype)
+        self.proj_b = weights["multi_modal_projector.linear.bias"].to(dtype)
 
     @torch.inference_mode()
     def encode(self, audio: AudioInput) -> torch.Tensor:
-        """float32 [audio.num_tokens, text hidden]: the clip's embeddings at its <|AUDIO|> tokens."""
+        """[audio.num_tokens, text hidden] in the encoder's dtype: the clip's embeddings at its <|AUDIO|> tokens."""
         c, w, n = self.config, self.w, audio.num_positions
         if n > c.max_source_positions:
             raise ValueError(f"the audio has {n} encoder positions; the model has {c.max_source_positions}")
-        x = torch.from_numpy(audio.features)[None]
+        x = torch.from_numpy(audio.features)[None].to(self.dtype)
         x = F.gelu(F.conv1d(x, w["conv1.weight"], w["conv1.bias"], padding=1))
         x = F.gelu(F.conv1d(x, w["conv2.weight"], w["conv2.bias"], stride=2, padding=1))
         h = x[0, :, :n].T * (c.d_model**0.5 if c.scale_embedding else 1.0) + w["embed_positions.weight"][:n]
@@ -68,8 +72,10 @@ class AudioEncoder:
             q = F.linear(y, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"])
             k = F.linear(y, w[p + "self_attn.k_proj.weight"])  # Whisper's k_proj has no bias
             v = F.linear(y, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
-            q, k, v = (t.view(n, heads, hd).transpose(0, 1) for t in (q, k, v))
-            a = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, c.d_model)
+            # [1, heads, n, head_dim]: torch's fused attention takes 4-D inputs only (3-D ones take
+            # the unfused path, which rounds differently from transformers' call)
+            q, k, v = (t.view(1, n, heads, hd).transpose(1, 2) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, c.d_model)
             h = h + F.linear(a, w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
             y = F.layer_norm(h, (c.d_model,), w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"], c.eps)
             y = F.linear(F.gelu(F.linear(y, w[p + "fc1.weight"], w[p + "fc1.bias"])), w[p + "fc2.weight"],

@@ -63,7 +63,8 @@ class VisionLanguage:
     def _init_vision(self, config: ModelConfig, weights: dict[str, torch.Tensor], raw: dict[str, Any],
                      image_spec: ImageSpec, video_spec: VideoSpec) -> None:
         qwen25 = "Qwen2_5_VLForConditionalGeneration" in (raw.get("architectures") or [])
-        self.vision = VisionTower(VisionConfig.from_hf(raw["vision_config"], qwen25, config.hidden_size), weights)
+        self.vision = VisionTower(VisionConfig.from_hf(raw["vision_config"], qwen25, config.hidden_size), weights,
+                                  self.dtype)
         self.mrope_section = config.mrope_section
         if sum(self.mrope_section) != config.head_dim // 2:
             raise ValueError(f"mrope_section {list(self.mrope_section)} must add up to head_dim / 2 = "
@@ -138,7 +139,7 @@ class Qwen2VLModel(VisionLanguage, LlamaModel):
 
 class QuantizedQwen2VLModel(VisionLanguage, QuantizedLlamaModel):
     """The language model in the quantized C++ step (which takes the media rows and M-RoPE rows);
-    the vision tower stays float32 torch."""
+    the vision tower runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  raw: dict[str, Any], image_spec: ImageSpec, video_spec: VideoSpec, quantization: str) -> None:

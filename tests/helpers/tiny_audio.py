@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from helpers.media_engine import hf_generate_greedy
+from helpers.media_engine import Greedy, hf_generate_greedy
 from helpers.tiny_vl import write_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|audio_eos|>", "<|AUDIO|>"]
@@ -80,10 +80,10 @@ def encode(samples: np.ndarray, fmt: str, file_rate: int = RATE) -> bytes:
     return buf.getvalue()
 
 
-def hf_model(path: Path) -> Any:
+def hf_model(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import Qwen2AudioForConditionalGeneration
 
-    return Qwen2AudioForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    return Qwen2AudioForConditionalGeneration.from_pretrained(path, dtype=dtype).eval()
 
 
 def hf_features(clips: list[np.ndarray]) -> dict[str, torch.Tensor]:
@@ -95,10 +95,8 @@ def hf_features(clips: list[np.ndarray]) -> dict[str, torch.Tensor]:
     return {"input_features": out["input_features"], "feature_attention_mask": out["attention_mask"]}
 
 
-def hf_generate(model: Any, prompt_ids: list[int], clips: list[np.ndarray], new_tokens: int
-                ) -> tuple[list[int], list[float]]:
-    """transformers' greedy generate on the same prompt (<|AUDIO|> already expanded) and clips:
-    the tokens and each one's log-probability."""
+def hf_generate(model: Any, prompt_ids: list[int], clips: list[np.ndarray], new_tokens: int) -> Greedy:
+    """transformers' greedy generate on the same prompt (<|AUDIO|> already expanded) and clips."""
     ids = torch.tensor([prompt_ids])
     kwargs = hf_features(clips) if clips else {}
     return hf_generate_greedy(model, ids, new_tokens, **kwargs)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from helpers.media_engine import hf_generate_greedy
+from helpers.media_engine import Greedy, hf_generate_greedy
 
 GRID = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>",
@@ -96,17 +96,17 @@ def hf_processor(path: Path) -> Any:
     return Idefics3Processor(images, tokenizer, image_seq_len=IMAGE_SEQ_LEN)
 
 
-def hf_model(path: Path) -> Any:
+def hf_model(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
 
 
 def hf_generate(model: Any, processor: Any, text: str, images: list[Any], new_tokens: int
-                ) -> tuple[list[int], list[int], list[float]]:
+                ) -> tuple[list[int], Greedy]:
     """transformers' processor and greedy generate on a rendered prompt holding one <image> per
-    image: (its prompt token ids, the generated tokens, each one's log-probability)."""
+    image: (its prompt token ids, the greedy generation)."""
     inputs = processor(text=[text], images=[images] if images else None, return_tensors="pt")
     kwargs = {k: v for k, v in inputs.items() if k in ("pixel_values", "pixel_attention_mask")}
     ids = inputs["input_ids"]
-    return ids[0].tolist(), *hf_generate_greedy(model, ids, new_tokens, **kwargs)
+    return ids[0].tolist(), hf_generate_greedy(model, ids, new_tokens, **kwargs)

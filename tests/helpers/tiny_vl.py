@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from helpers.media_engine import hf_generate_greedy
+from helpers.media_engine import Greedy, hf_generate_greedy
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
             "<|image_pad|>", "<|video_pad|>"]
@@ -136,17 +136,17 @@ def hf_processor() -> Any:
     return Qwen2VLImageProcessorPil(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
 
 
-def hf_model(path: Path) -> Any:
+def hf_model(path: Path, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).eval()
 
 
 def hf_generate(model: Any, prompt_ids: list[int], images: list[Any], new_tokens: int, videos: list[Any] = ()
-                ) -> tuple[list[int], list[float]]:
+                ) -> Greedy:
     """transformers' greedy generate on the same prompt (pads already expanded), images and videos
     (our preprocessed VisualInputs: transformers' video processor needs torchvision, which does not
-    load here): the tokens and each one's log-probability."""
+    load here)."""
     ids = torch.tensor([prompt_ids])
     kwargs: dict[str, Any] = {}
     if images or videos:

@@ -11,7 +11,15 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_quantized_step_reads_images, assert_same, run, run_one_after_another
+from helpers.media_engine import (
+    NEW,
+    Greedy,
+    assert_quantized_step_reads_images,
+    assert_same,
+    assert_same_until_a_near_tie,
+    run,
+    run_one_after_another,
+)
 from helpers.tiny_idefics3 import IDS, IMAGE_SEQ_LEN, TILE, hf_generate, hf_model, hf_processor, preprocessor
 from helpers.tiny_vl import draw
 
@@ -41,12 +49,12 @@ def prompt(loaded: LoadedModel, images: list, text: str = "What is this?") -> tu
     return (ids, None) if not images else loaded.model.prepare_prompt(ids, images)
 
 
-def reference(family, images: list, text: str = "What is this?") -> tuple[list[int], list[float]]:
-    """transformers' tokens and log-probabilities, after checking its processor's prompt is ours."""
+def reference(family, images: list, text: str = "What is this?") -> Greedy:
+    """transformers' greedy generation, after checking its processor's prompt is ours."""
     path, loaded, hf, processor = family
-    hf_ids, tokens, lps = hf_generate(hf, processor, render(loaded, images, text), images, NEW)
+    hf_ids, want = hf_generate(hf, processor, render(loaded, images, text), images, NEW)
     assert hf_ids == prompt(loaded, images, text)[0]
-    return tokens, lps
+    return want
 
 
 @pytest.mark.parametrize("spec", [{}, {"size": {"longest_edge": TILE}}, {"do_image_splitting": False}],
@@ -152,6 +160,34 @@ def test_bfloat16_reads_images(family):
     model = load_model(str(path), dtype=torch.bfloat16)
     image = draw(90, 120, 14)
     assert run(model, [prompt(model, [image])])[0][0][:3] == run(loaded, [prompt(loaded, [image])])[0][0][:3]
+
+
+@pytest.fixture(scope="module")
+def bf16_family(family):
+    """The family's model and transformers' loaded in bfloat16: each runs its encoder in bfloat16."""
+    path, loaded, hf, processor = family
+    return path, load_model(str(path), dtype=torch.bfloat16), hf_model(path, torch.bfloat16), processor
+
+
+def test_bfloat16_encoder_equals_transformers_bfloat16(bf16_family):
+    """The same kernels in the same order: equal bit for bit (a tolerance would let a step rounded
+    where transformers does not round pass, one bfloat16 step being within it)."""
+    path, loaded, hf, processor = bf16_family
+    images = [draw(100, 60, 6), draw(40, 90, 7)]
+    inputs = processor(text=[render(loaded, images)], images=[images], return_tensors="pt")
+    with torch.no_grad():
+        want = hf.model.get_image_features(inputs["pixel_values"], inputs["pixel_attention_mask"]).pooler_output[0]
+    ids, media = prompt(loaded, images)
+    ours = torch.cat([loaded.model.encode_media(item) for item in media.items])
+    assert ours.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(ours, want)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (100, 60), (300, 90)])
+def test_bfloat16_matches_transformers_bfloat16(bf16_family, size):
+    path, loaded, hf, processor = bf16_family
+    image = draw(*size, seed=size[1])
+    assert_same_until_a_near_tie(run(loaded, [prompt(loaded, [image])])[0], reference(bf16_family, [image]))
 
 
 def test_videos_and_miscounted_placeholders_are_refused(family):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_same, run, run_one_after_another
+from helpers.media_engine import NEW, assert_same, assert_same_until_a_near_tie, run, run_one_after_another
 from helpers.tiny_audio import IDS, RATE, encode, hf_features, hf_generate, hf_model, tone
 
 from mindie.engine.request import MediaInputs, SamplingParams
@@ -58,23 +58,28 @@ def test_clips_beyond_the_window_or_below_one_token_are_refused():
     assert features(np.zeros(321, np.float32)).num_tokens == 1
 
 
+def hf_encoder(hf, clip: np.ndarray) -> torch.Tensor:
+    """transformers' encoder and projector over the clip's 30 s window, the padding masked out of
+    attention, at the clip's tokens."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    feats = hf_features([clip])
+    lengths = feats["feature_attention_mask"].sum(-1)
+    positions, tokens = hf.model.audio_tower._get_feat_extract_output_lengths(lengths)
+    mask = (torch.arange(1500)[None] < positions[:, None]).long()
+    attn = create_bidirectional_mask(config=hf.model.audio_tower.config, inputs_embeds=torch.zeros(1, 1500, 1,
+                                     dtype=hf.dtype), attention_mask=mask)
+    with torch.no_grad():
+        out = hf.model.audio_tower(feats["input_features"], attention_mask=attn).last_hidden_state
+        return hf.model.multi_modal_projector(out)[0, : int(tokens)]
+
+
 def test_encoder_and_projector_equal_transformers(family):
     path, loaded, hf = family
     clips = [tone(2.3, 300, seed=1), tone(0.7, 900, seed=2)]
     ids, media = prompt(loaded, clips)
     for clip, item in zip(clips, media.items):
-        feats = hf_features([clip])
-        lengths = feats["feature_attention_mask"].sum(-1)
-        positions, tokens = hf.model.audio_tower._get_feat_extract_output_lengths(lengths)
-        mask = (torch.arange(1500)[None] < positions[:, None]).long()
-        from transformers.masking_utils import create_bidirectional_mask
-
-        attn = create_bidirectional_mask(config=hf.model.audio_tower.config, inputs_embeds=torch.zeros(1, 1500, 1),
-                                         attention_mask=mask)
-        with torch.no_grad():
-            out = hf.model.audio_tower(feats["input_features"], attention_mask=attn).last_hidden_state
-            want = hf.model.multi_modal_projector(out)[0, : int(tokens)]
-        torch.testing.assert_close(loaded.model.encode_media(item), want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(loaded.model.encode_media(item), hf_encoder(hf, clip), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("seconds", [0.4, 2.0, 7.5])
@@ -157,6 +162,36 @@ def test_decoding_refuses_other_formats_and_overlong_audio():
         decode_audio(buf.getvalue(), "part", RATE, 30.0)
     with pytest.raises(MediaError, match="^part is longer than 2 s"):
         decode_audio(encode(tone(3.0), "flac"), "part", RATE, 2.0)
+
+
+@pytest.fixture(scope="module")
+def bf16_family(family):
+    """The model and transformers' loaded in bfloat16: each runs its encoder in bfloat16."""
+    path = family[0]
+    return path, load_model(str(path), dtype=torch.bfloat16), hf_model(path, torch.bfloat16)
+
+
+def test_bfloat16_encoder_and_projector_match_transformers_bfloat16(bf16_family):
+    """Within two bfloat16 steps of each row's largest value, most elements equal: transformers
+    attends over the whole 30 s window with the padding masked, the same keys summed in other blocks
+    of its attention kernel, so a sum now and then rounds the other way (ours runs the clip alone)."""
+    path, loaded, hf = bf16_family
+    clips = [tone(2.3, 300, seed=1), tone(0.7, 900, seed=2), tone(0.4, 240, seed=3)]
+    ids, media = prompt(loaded, clips)
+    for clip, item in zip(clips, media.items):
+        ours, want = loaded.model.encode_media(item), hf_encoder(hf, clip)
+        assert ours.dtype == want.dtype == torch.bfloat16
+        ours, want = ours.float(), want.float()
+        assert ((ours - want).abs() <= 2**-6 * want.abs().amax(-1, keepdim=True)).all()
+        assert (ours == want).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("seconds", [0.4, 2.0, 7.5])
+def test_bfloat16_matches_transformers_bfloat16(bf16_family, seconds):
+    path, loaded, hf = bf16_family
+    clip = tone(seconds, 200 + 100 * seconds, seed=3)
+    ids, media = prompt(loaded, [clip])
+    assert_same_until_a_near_tie(run(loaded, [(ids, media)])[0], hf_generate(hf, ids, [clip], NEW))
 
 
 def test_prepare_prompt_names_the_refused_clip(family):

@@ -8,13 +8,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.media_engine import NEW, assert_quantized_step_reads_images, assert_same, run, run_one_after_another
+from helpers.media_engine import (
+    NEW,
+    assert_quantized_step_reads_images,
+    assert_same,
+    assert_same_until_a_near_tie,
+    run,
+    run_one_after_another,
+)
 from helpers.tiny_vl import IDS, draw, hf_generate, hf_model, hf_processor
 
 from mindie.engine.request import MediaInputs, SamplingParams
 from mindie.model.llama_quant import QuantizedLlamaModel
 from mindie.model.loader import LoadedModel, load_model
 from mindie.model.qwen2_vl_processor import ImageSpec, preprocess
+from mindie.model.qwen2_vl_vision import segment_attention
 
 FAMILIES = ["qwen2_vl", "qwen25_vl"]
 
@@ -132,6 +140,60 @@ def test_bfloat16_reads_images(family, quantization):
     exact = loaded if quantization == "none" else load_model(str(path), dtype=torch.float32, quantization="q8_0")
     image = draw(90, 120, 14)
     assert run(model, [prompt(model, [image])])[0][0][:3] == run(exact, [prompt(exact, [image])])[0][0][:3]
+
+
+@pytest.fixture(scope="module")
+def bf16_family(family):
+    """The family's model and transformers' loaded in bfloat16: each runs its tower in bfloat16."""
+    path, loaded, hf = family
+    return path, load_model(str(path), dtype=torch.bfloat16), hf_model(path, torch.bfloat16)
+
+
+def test_bfloat16_tower_equals_transformers_bfloat16(bf16_family):
+    """The same kernels in the same order: equal bit for bit (a tolerance would let a step rounded
+    where transformers does not round pass, e.g. the rotary embedding done in bfloat16, one
+    bfloat16 step being within it)."""
+    path, loaded, hf = bf16_family
+    images = [draw(400, 300, 6), draw(60, 130, 7)]
+    pre = hf_processor()(images=images, return_tensors="pt")
+    with torch.no_grad():
+        want = hf.model.visual(pre["pixel_values"].to(torch.bfloat16), grid_thw=pre["image_grid_thw"]).pooler_output
+    ids, media = prompt(loaded, images)
+    ours = torch.cat([loaded.model.encode_media(item) for item in media.items])
+    assert ours.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(ours, want)
+
+
+@pytest.mark.parametrize("size", [(56, 56), (150, 100), (70, 260), (400, 300)])
+def test_bfloat16_matches_transformers_bfloat16(bf16_family, size):
+    path, loaded, hf = bf16_family
+    image = draw(*size, seed=size[1])
+    ids, media = prompt(loaded, [image])
+    assert_same_until_a_near_tie(run(loaded, [(ids, media)])[0], hf_generate(hf, ids, [image], NEW))
+
+
+def test_bfloat16_two_images_and_a_text_request_in_chunks(bf16_family):
+    path, loaded, hf = bf16_family
+    images = [draw(120, 90, 1), draw(60, 200, 2)]
+    with_images, text_only = prompt(loaded, images, "Compare them."), prompt(loaded, [], "Tell me a story.")
+    together = run(loaded, [with_images, text_only], max_prefill_tokens=16)
+    assert_same_until_a_near_tie(together[0], hf_generate(hf, with_images[0], images, NEW))
+    assert_same_until_a_near_tie(together[1], hf_generate(hf, text_only[0], [], NEW))
+
+
+@pytest.mark.parametrize("segments", [[16, 16, 8, 16, 4, 16, 8], [16] * 4, [64]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segment_attention_equals_one_call_per_run(segments, dtype):
+    """Windows of several lengths (a Qwen2.5-VL image's edge windows are shorter), of one length, or
+    one run: each run's rows equal scaled_dot_product_attention on that run alone, bit for bit, as
+    transformers computes them window by window."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(segments), 2, 16, generator=g).to(dtype) for _ in range(3))
+    starts = np.cumsum([0, *segments[:-1]])
+    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(x[s : s + n].transpose(0, 1)[None] for x in (q, k, v)))[0].transpose(0, 1)
+        for s, n in zip(starts, segments, strict=True)])
+    assert torch.equal(segment_attention(q, k, v, segments), want)
 
 
 def test_offline_api_takes_images_as_vllm_does(family):
