@@ -30,8 +30,29 @@ int64_t panel_bytes(const QMatrix& w, int64_t row0) {
   return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
 }
 
-// One staged panel: its blocks decoded into the panel layout (stage_block), a matrix in the row layout
-// packed first. Prefetches `next`, a packed panel of the same shape, block by block.
+// stage(format, panel, blocks, b) for each block of w's panel at row0 (a matrix in the row layout
+// packed into `packed` first), prefetching `next`, a packed panel of the same shape, block by block.
+template <class StageBlock>
+void walk_panel_blocks(const QMatrix& w, int64_t row0, const uint8_t* next, std::vector<uint8_t>& packed,
+                       StageBlock&& stage) {
+  const int64_t blocks = w.cols / 32;
+  const uint8_t* panel = w.data + row0 * w.row_bytes;
+  if (!w.panels) {
+    packed.resize(kPanelRows * w.row_bytes);
+    pack_panels({panel, std::min<int64_t>(kPanelRows, w.rows - row0), w.cols, w.row_bytes, w.format}, packed.data());
+    panel = packed.data();
+  }
+  const int64_t step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
+  with_format(w.format, [&](auto format) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (next != nullptr)
+        for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
+      stage(format, panel, blocks, b);
+    }
+  });
+}
+
+// One staged panel: its blocks decoded into the panel layout (stage_block).
 struct PanelBuffer {
   std::vector<uint8_t> packed;
   ScratchVector<int8_t> q_buffer;
@@ -41,26 +62,31 @@ struct PanelBuffer {
   float* offset = nullptr;
 
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
-    const int64_t groups = w.cols / 16, blocks = w.cols / 32;
+    const int64_t groups = w.cols / 16;
     q = sized(q_buffer, groups * kPanelGroupBytes);
     scale = sized(scale_buffer, groups * kPanelRows);
     offset = sized(offset_buffer, groups * kPanelRows);
-    const uint8_t* panel = w.data + row0 * w.row_bytes;
-    if (!w.panels) {
-      packed.resize(kPanelRows * w.row_bytes);
-      pack_panels({panel, std::min<int64_t>(kPanelRows, w.rows - row0), w.cols, w.row_bytes, w.format}, packed.data());
-      panel = packed.data();
-    }
-    const int64_t step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
-    with_format(w.format, [&](auto format) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        if (next != nullptr)
-          for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
-        stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q, scale, offset);
-      }
+    walk_panel_blocks(w, row0, next, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
+      stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q, scale, offset);
     });
   }
   PanelRef ref() const { return {q, scale, offset}; }
+};
+
+// One panel staged as B's bf16 panel (B::stage_block), straight from its blocks.
+template <class B>
+struct Bf16PanelBuffer {
+  std::vector<uint8_t> packed;
+  ScratchVector<bf16_t> values;
+  const bf16_t* data = nullptr;
+
+  void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
+    bf16_t* out = sized(values, w.cols / 16 * kBf16PanelGroupElems);
+    walk_panel_blocks(w, row0, next, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
+      B::template stage_block<decltype(format)::value>(panel, blocks, b, out);
+    });
+    data = out;
+  }
 };
 
 void prefetch_panel(const QMatrix& w, int64_t row0) {
@@ -190,13 +216,13 @@ struct PanelSplit {
   }
 };
 
-// Stages every panel of a's targets and hands them to `apply(p, buf, n)` up
+// Stages every panel of a's targets (each into a Buffer) and hands them to `apply(p, buf, n)` up
 // to `group` (at most R) at a time, n panels of one target (so that they share a format).
-template <int R, class Apply>
+template <int R, class Buffer = PanelBuffer, class Apply>
 void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group, int group = R) {
   const PanelSplit split(a);
   split.run([&](int64_t begin, int64_t end) {
-    thread_local PanelBuffer buf[R];
+    thread_local Buffer buf[R];
     split.prefetch(begin, std::min(end, begin + group));
     for (int64_t pi = begin; pi < end;) {
       Panel p[R];
@@ -400,14 +426,14 @@ void apply_bf16_blocks(const Panel* p, int n, const bf16_t* const* w, const QMat
   }
 }
 
-// Bf16 activations: each staged int8 panel is converted to a bf16 panel (B::convert), once per
-// call, then applied to every row. Tiles that read whole blocks of rows stage as many panels as
-// keep their bf16 copies within kBf16GroupBytes, so that they stay in L2 while the activation rows
-// stream past them once per group.
+// Bf16 activations: each panel is staged as a bf16 panel (B::stage_block), once per call, then
+// applied to every row. Tiles that read whole blocks of rows stage as many panels as keep their bf16
+// copies within kBf16GroupBytes, so that they stay in L2 while the activation rows stream past them
+// once per group.
 template <class B>
 void run_bf16(const QMatmulArgs& a) {
   constexpr int R = B::kTilePanels;
-  const int64_t groups = a.k / 16, panel_elems = groups * kBf16PanelGroupElems;
+  const int64_t panel_elems = a.k / 16 * kBf16PanelGroupElems;
   std::vector<const bf16_t*> x(a.m);
   for (int64_t c = 0; c < a.m; ++c) x[c] = a.xb + c * a.k;
   // B reads rows in blocks of kRowBlock: the last partial block from a zero-padded copy.
@@ -420,15 +446,10 @@ void run_bf16(const QMatmulArgs& a) {
   int group = R;
   if constexpr (B::kRowBlock > 1)
     group = static_cast<int>(std::clamp<int64_t>(kBf16GroupBytes / (panel_elems * 2), 2, R));
-  for_each_panel_group<R>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+  for_each_panel_group<R, Bf16PanelBuffer<B>>(a, [&](const Panel* p, const Bf16PanelBuffer<B>* buf, int n) {
     const typename B::Session session;
-    thread_local ScratchVector<bf16_t> panels;
-    bf16_t* staged = sized(panels, R * panel_elems);
     const bf16_t* w[R];
-    for (int r = 0; r < n; ++r) {
-      B::convert(buf[r].ref(), groups, staged + r * panel_elems);
-      w[r] = staged + r * panel_elems;
-    }
+    for (int r = 0; r < n; ++r) w[r] = buf[r].data;
     if constexpr (B::kRowBlock > 1) apply_bf16_blocks<B>(p, n, w, a, x);
     else with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
   }, group);

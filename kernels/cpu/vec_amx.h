@@ -46,7 +46,10 @@ struct AmxBf16Panel {
     Session& operator=(const Session&) = delete;
   };
 
-  static void convert(const PanelRef& in, int64_t groups, bf16_t* out) { Bf16Panel::convert(in, groups, out); }
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* out) {
+    Bf16Panel::stage_block<F>(panel, blocks, b, out);
+  }
 
   // out[(r * cols + c) * 16 + lane] for panels w[0..panels) and activation rows x[0..cols); x[16 * i]
   // starts a block of 16 rows `pairs * 4` bytes apart. Panels go two at a time, so each block of

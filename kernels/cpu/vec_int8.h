@@ -469,15 +469,20 @@ struct Bf16PanelGeneric {
   static constexpr int kTileCols = 1;
   static constexpr int kRowBlock = 1;  // rows read one by one (vec_amx.h reads blocks)
   struct Session {};                    // no per-thread state to set up
-  static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {
-    for (int64_t j = 0; j < groups; ++j)
-      for (int v = 0; v < 4; ++v)
-        for (int r = 0; r < kPanelRows; ++r)
-          for (int b = 0; b < 4; ++b) {
-            const float q = in.q[j * kPanelGroupBytes + 64 * v + 4 * r + b];
-            out[j * kBf16PanelGroupElems + (2 * v + b / 2) * 32 + 2 * r + b % 2] =
-                float_to_bf16(std::fma(q, in.scale[16 * j + r], in.offset[16 * j + r]));
+  // Block b of a packed panel as bf16 pairs (Bf16Panel::stage_block's layout), row by row.
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* out) {
+    constexpr int S = packed_unit(F).span_groups;
+    for (int r = 0; r < kPanelRows; ++r)
+      with_decoded_block<Lanes1, F>(panel, blocks, b, r, [&](const auto* u, const auto* s, const auto* o) {
+        for (int v = 0; v < 8; ++v)
+          for (int i = 0; i < 4; ++i) {
+            const int g = v / 4;
+            const float q = Lanes1::to_float(Lanes1::sbyte(u[v], i));
+            out[(2 * b + g) * kBf16PanelGroupElems + (2 * (v % 4) + i / 2) * 32 + 2 * r + i % 2] =
+                float_to_bf16(std::fma(q, s[S == 2 ? 0 : g], o[S == 2 ? 0 : g]));
           }
+      });
   }
   template <int R, int C>
   static void tile(const bf16_t* const* w, const bf16_t* const* x, int64_t pairs, float* out) {
@@ -504,31 +509,35 @@ struct Bf16Panel {
   static constexpr int kTileCols = 6;
   static constexpr int kRowBlock = 1;
   struct Session {};
-  // An int8 panel (q holds signed values; unsigned formats stay below 64) to bf16 pairs, rounded as
-  // float_to_bf16 rounds.
-  static void convert(const PanelRef& in, int64_t groups, bf16_t* out) {
+  // Block b of a packed panel as bf16 pairs, decoded straight from the panel (no int8 staging):
+  // for 16-value group g, vector 2v + h's 4-byte lane r holds values 4v + 2h and 4v + 2h + 1 of row
+  // r, each scale * q + offset rounded as float_to_bf16 rounds.
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* out) {
     static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_loadu_si512(kInterleave);
-    for (int64_t j = 0; j < groups; ++j) {
-      const __m512 scale = _mm512_loadu_ps(in.scale + 16 * j), offset = _mm512_loadu_ps(in.offset + 16 * j);
-      bf16_t* dst = out + j * kBf16PanelGroupElems;
-      for (int v = 0; v < 4; ++v) {
-        const __m512i q = _mm512_loadu_si512(in.q + j * kPanelGroupBytes + 64 * v);
+    constexpr int S = packed_unit(F).span_groups;
+    with_decoded_block<Lanes, F>(panel, blocks, b, 0, [out, b](const __m512i* u, const __m512* s, const __m512* o) {
+      const __m512i interleave = _mm512_loadu_si512(kInterleave);
+      for (int v = 0; v < 8; ++v) {
+        const int g = v / 4;
+        const __m512 scale = s[S == 2 ? 0 : g], offset = o[S == 2 ? 0 : g];
+        // q holds signed values (Q8_0); the other formats' stay below 64
         __m512 f[4];
-        f[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 24), 24));
-        f[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 16), 24));
-        f[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(q, 8), 24));
-        f[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(q, 24));
+        f[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 24), 24));
+        f[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 16), 24));
+        f[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 8), 24));
+        f[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(u[v], 24));
+        bf16_t* dst = out + (2 * b + g) * kBf16PanelGroupElems + 2 * (v % 4) * 32;
         for (int h = 0; h < 2; ++h) {
           // cvtne2ps puts the first operand's 16 values in the upper half: lane r pairs value 2h
           // (lower half) with 2h + 1 (upper half) after the interleave.
           const __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(f[2 * h + 1], scale, offset),
                                                            _mm512_fmadd_ps(f[2 * h], scale, offset));
-          _mm512_storeu_si512(dst + (2 * v + h) * 32, _mm512_permutexvar_epi16(interleave, pair));
+          _mm512_storeu_si512(dst + h * 32, _mm512_permutexvar_epi16(interleave, pair));
         }
       }
-    }
+    });
   }
   template <int R, int C>
   static void tile(const bf16_t* const* w, const bf16_t* const* x, int64_t pairs, float* out) {
