@@ -522,7 +522,7 @@ struct Bf16Panel {
       for (int v = 0; v < 8; ++v) {
         const int g = v / 4;
         const __m512 scale = s[S == 2 ? 0 : g], offset = o[S == 2 ? 0 : g];
-        // q holds signed values (Q8_0); the other formats' stay below 64
+        // u[v]'s bytes are signed values (Q8_0) or values below 64: sign-extended either way
         __m512 f[4];
         f[0] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 24), 24));
         f[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 16), 24));
