@@ -62,6 +62,13 @@ def language_model_names(weights: dict[str, torch.Tensor], towers: tuple[str, ..
     return out
 
 
+def take_weight(weights: dict[str, torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
+    """Checkpoint tensor `name` as a contiguous tensor in `dtype`; KeyError naming it when absent."""
+    if name not in weights:
+        raise KeyError(f"weight {name!r} missing from the checkpoint")
+    return weights[name].to(dtype).contiguous()
+
+
 def read_raw_config(path: str) -> dict[str, Any]:
     """config.json; a vision-language model's `text_config` (transformers 5 nests it there) lifted
     to the top level, where older checkpoints keep those keys."""

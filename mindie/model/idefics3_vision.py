@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mindie.model.hf_dir import take_weight
+
 ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 
 
@@ -52,9 +54,7 @@ class VisionEncoder:
         self.dtype = dtype
 
         def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name].to(dtype).contiguous()
+            return take_weight(weights, name, dtype)
 
         p = "model.vision_model."
         self.patch_w = take(p + "embeddings.patch_embedding.weight")

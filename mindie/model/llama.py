@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from mindie import ops
 from mindie.model.config import ModelConfig
+from mindie.model.hf_dir import take_weight
 from mindie.model.moe import MoeWeights, expert_name, moe_mlp, router_name
 
 
@@ -125,9 +126,7 @@ class LlamaModel:
         self.kv_dtype = dtype
 
         def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name].to(dtype).contiguous()
+            return take_weight(weights, name, dtype)
 
         self.embed = take("model.embed_tokens.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else take("lm_head.weight")

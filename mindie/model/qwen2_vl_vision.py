@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mindie import ops
+from mindie.model.hf_dir import take_weight
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,7 @@ class VisionTower:
         self.dtype = dtype
 
         def take(name: str) -> torch.Tensor:
-            if prefix + name not in weights:
-                raise KeyError(f"weight {prefix + name!r} missing from the checkpoint")
-            return weights[prefix + name].to(dtype).contiguous()
+            return take_weight(weights, prefix + name, dtype)
 
         self.take = take
         c = config
