@@ -26,7 +26,7 @@ class DecodeParams:
     path: str  # the path P was asked on
     body: str  # the request body P got, unchanged
     is_stream: bool
-    tokens: list[int]  # prompt ids
+    tokens: list[int]  # prompt ids, media expanded as P's model lays them out
     first_token: list[int]  # every output so far: P's first token, after a recompute the earlier ones too
     first_items: list[StreamItem]  # P's outputs, in order, as its renderer saw them
     seed: int
@@ -36,8 +36,8 @@ class DecodeParams:
     layout: KVLayout
     p_node_addr: str  # "ip:port" of P's interCommPort, for /pd/v1/release
     metrics: dict[str, Any]
-    # A prompt's images as MediaInputs.handover_json writes them: D takes their token counts,
-    # cache keys and rotary delta from here and never fetches or encodes them. None: no images.
+    # A prompt's media as MediaInputs.handover_json writes them: D takes their spans in `tokens`,
+    # cache keys and rotary delta from here and never fetches, encodes or expands them. None: no media.
     media: dict[str, Any] | None = None
 
     @property

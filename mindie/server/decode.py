@@ -37,7 +37,7 @@ from mindie.server.errors import APIError
 from mindie.server.fields import describe
 from mindie.server.http import json_response
 from mindie.server.protocols.base import Call, Renderer, dumps
-from mindie.server.protocols.media import HANDED_OVER
+from mindie.server.protocols.media import HANDED_OVER, HandedOver
 from mindie.server.results import Result, StreamItem
 from mindie.server.streams import GenerationTimeout, OutputStream
 
@@ -121,8 +121,8 @@ async def _rebuild(ctx: Serving, node: PDNode, params: DecodeParams
         media = MediaInputs.from_handover_json(params.media) if params.media is not None else None
     except ValueError as exc:
         raise APIError(400, str(exc), "media") from None
-    handed_over = HANDED_OVER.set(media)
-    try:  # the body's images stand as P's media: nothing is fetched here
+    handed_over = HANDED_OVER.set(HandedOver(params.tokens, media))
+    try:  # P's prompt and media stand for the body's media parts: nothing is fetched or expanded here
         call, renderer = await route.parse(ctx, params.body.encode(), path_params)
     finally:
         HANDED_OVER.reset(handed_over)

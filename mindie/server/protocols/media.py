@@ -90,27 +90,55 @@ def check_media(ctx: Serving, refs: list[MediaRef], limit: int = MAX_MEDIA_ITEMS
         raise APIError(400, f"the request has {len(refs)} media parts; the limit is {limit}", refs[limit].where)
 
 
-# On a PD decode node, while it parses a handed-off body again: the media P read (their token
-# counts and keys), which stand in for the images, so that D never fetches or encodes them.
-HANDED_OVER: ContextVar[MediaInputs | None] = ContextVar("handed_over_media", default=None)
+class HandedOver(NamedTuple):
+    """On a PD decode node, while it parses a handed-off body again: P's prompt, its media expanded
+    by P's model (Qwen2-VL's runs of pads, Idefics3's tile layouts alike), and the media P read
+    (their spans and keys, no content). They stand in for the body's media parts, so that D never
+    fetches, decodes or expands a medium: how a family lays its media out is P's business alone."""
+
+    prompt: list[int]
+    media: MediaInputs | None
+
+
+HANDED_OVER: ContextVar[HandedOver | None] = ContextVar("handed_over_media", default=None)
+
+
+def take_handed_over(given: HandedOver, pads: dict[str, int], refs: list[MediaRef], field: str
+                      ) -> tuple[list[int], MediaInputs]:
+    """P's prompt and media, once they agree with each other and with the body's media parts:
+    each item's span inside the prompt holding its kind's pad only, every pad of the prompt in
+    some item's span, and the same kinds of media as the body's parts. A 400 naming `field` if not."""
+    def refuse(why: str) -> APIError:
+        return APIError(400, f"{field}: {why} handed over by the prefill node", field)
+
+    media = given.media
+    if media is None:
+        raise refuse("the body holds media parts but no media were")
+    if {item.kind for item in media.items} != {r.kind for r in refs}:
+        raise refuse(f"the body's media are {sorted({r.kind for r in refs})}, not the "
+                     f"{sorted({item.kind for item in media.items})}")
+    covered: set[int] = set()
+    for item in media.items:
+        span = given.prompt[item.offset : item.offset + item.num_tokens]
+        if item.offset < 0 or len(span) != item.num_tokens or set(span) != {pads.get(item.kind)}:
+            raise refuse(f"the prompt does not hold the {item.num_tokens} {item.kind} tokens at {item.offset}")
+        covered.update(range(item.offset, item.offset + item.num_tokens))
+    if len(covered) != media.num_tokens or sum(t in pads.values() for t in given.prompt) != len(covered):
+        raise refuse("the prompt's media tokens are not the media's, one to one")
+    return given.prompt, media
 
 
 async def attach_media(ctx: Serving, ids: list[int], refs: list[MediaRef], field: str
                        ) -> tuple[list[int], MediaInputs | None]:
     """Fetches and decodes the images and audio and probes the videos (concurrently), preprocesses them for
-    the model and expands the prompt's placeholders: (token ids, media), or (ids, None) without media."""
+    the model and expands the prompt's placeholders: (token ids, media), or (ids, None) without media.
+    On a PD decode node: the prompt and media P handed over."""
     if not refs:
         return ids, None
     model = ctx.engine.engine.loaded.model
     given = HANDED_OVER.get()
     if given is not None:
-        from mindie.model.qwen2_vl_processor import expand_placeholders
-
-        by_kind = {kind: [item for item in given.items if item.kind == kind] for kind in model.media_tokens.pads}
-        try:
-            return expand_placeholders(ids, model.media_tokens.pads, by_kind)[0], given
-        except ValueError as exc:
-            raise APIError(400, f"{field}: {exc} handed over", field) from None
+        return take_handed_over(given, model.media_tokens.pads, refs, field)
 
     async def fetch(r: MediaRef) -> Any:
         try:
