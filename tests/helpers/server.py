@@ -84,3 +84,25 @@ def chat_with_parts(server: RunningServer, content: list[dict] | str, **extra: o
     body = {"model": server.settings.model_name, "messages": [{"role": "user", "content": content}],
             "max_tokens": 6, "temperature": 0, "return_token_ids": True, **extra}
     return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+
+
+def respond_with_parts(server: RunningServer, content: list[dict], **extra: object) -> httpx.Response:
+    """One user turn of Responses parts to /v1/responses: greedy, 6 tokens."""
+    body = {"model": server.settings.model_name, "input": [{"role": "user", "content": content}],
+            "max_output_tokens": 6, "temperature": 0, **extra}
+    return httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+
+
+def assert_responds_as_chat(server: RunningServer, content: list[dict], chat_content: list[dict]) -> dict:
+    """The Responses route answers `content` as the chat route answers `chat_content` (the same
+    media as chat parts): the same text from the same number of prompt and output tokens. The
+    response's body."""
+    said = chat_with_parts(server, chat_content)
+    assert said.status_code == 200, said.text
+    r = respond_with_parts(server, content)
+    assert r.status_code == 200, r.text
+    body, said = r.json(), said.json()
+    assert body["output"][0]["content"][0]["text"] == said["choices"][0]["message"]["content"]
+    assert body["usage"]["input_tokens"] == said["usage"]["prompt_tokens"]  # the media tokens included
+    assert body["usage"]["output_tokens"] == said["usage"]["completion_tokens"]
+    return body

@@ -10,8 +10,9 @@ import base64
 import httpx
 import pytest
 from helpers.media_server import MediaServer
-from helpers.server import RunningServer, local_settings
+from helpers.server import RunningServer, assert_responds_as_chat, local_settings
 from helpers.server import chat_with_parts as chat
+from helpers.server import respond_with_parts as respond
 from helpers.tiny_audio import IDS, encode, tone
 
 from mindie.media import MediaPolicy
@@ -136,3 +137,24 @@ def test_infer_reads_an_audio_part_as_the_chat_does(audio_server, media_dir):
                    timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["generated_text"] == want
+
+
+def test_responses_take_audio_parts_as_chat_does(audio_server, media_dir, tiny_server):
+    for part in (input_audio(WAV), audio_part(str(media_dir / "a.wav"))):
+        body = assert_responds_as_chat(audio_server, [{"type": "input_text", "text": "What is that sound?"}, part],
+                                       [{"type": "text", "text": "What is that sound?"}, part])
+        assert body["usage"]["input_tokens"] > 25  # the clip's 25 tokens and the text's
+    r = respond(audio_server, [{"type": "input_text", "text": "Hear:"}, input_audio(WAV, "ogg")])
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "input[0].content[1].input_audio.format is 'ogg'; the audio formats read are wav, mp3, flac"))
+    r = respond(audio_server, [{"type": "input_text", "text": "Hear:"}, {"type": "input_audio", "input_audio": {}}])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].content[1].input_audio.data")
+    r = respond(audio_server, [audio_part(str(media_dir / "long.flac"))])
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "input[0].content[0].audio_url is longer than 30 s, the served model's audio window; send a shorter clip"))
+    r = respond(audio_server, [{"type": "input_file", "file_data": "data:audio/wav;base64,AAAA"}])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].content[0].type")
+    r = respond(tiny_server, [input_audio(WAV), {"type": "input_text", "text": "hi"}])
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "input[0].content[0].input_audio: the served model tiny reads text only; it takes no audio parts"))
+    assert audio_server.ctx.engine.engine.scheduler.blocks.num_used_blocks() == 0

@@ -9,8 +9,9 @@ import base64
 
 import pytest
 from helpers.media_server import MediaServer
-from helpers.server import RunningServer, local_settings
+from helpers.server import RunningServer, assert_responds_as_chat, local_settings
 from helpers.server import chat_with_parts as chat
+from helpers.server import respond_with_parts as respond
 from helpers.tiny_vl import IDS, clip
 
 from mindie.media import MediaPolicy
@@ -99,3 +100,15 @@ def test_refusals_name_the_part_and_the_rule(vl_server, media_dir, tiny_server):
     r = chat(tiny_server, [video_part("/a.mp4"), {"type": "text", "text": "hi"}])
     assert (r.status_code, r.json()["error"]["message"]) == (400, (
         "messages[0].content[0].video_url: the served model tiny reads text only; it takes no video parts"))
+
+
+def test_responses_take_video_parts_as_chat_does(vl_server, media_dir):
+    part = video_part(str(media_dir / "a.mp4"))
+    body = assert_responds_as_chat(vl_server, [part, {"type": "input_text", "text": "What happens?"}],
+                                   [part, {"type": "text", "text": "What happens?"}])
+    assert body["usage"]["input_tokens"] > 12  # the clip's 12 tokens and the text's
+    r = respond(vl_server, [{"type": "video_url"}])
+    assert (r.status_code, r.json()["error"]["param"]) == (400, "input[0].content[0].video_url")
+    r = respond(vl_server, [video_part(str(media_dir / "a.mkv"))])
+    assert (r.status_code, r.json()["error"]["message"]) == (400, (
+        "input[0].content[0].video_url is a matroska,webm file; the video formats read are mp4, avi and wmv"))

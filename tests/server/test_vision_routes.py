@@ -14,8 +14,9 @@ import re
 import httpx
 import pytest
 from helpers.media_server import MediaServer
-from helpers.server import RunningServer, local_settings
+from helpers.server import RunningServer, assert_responds_as_chat, local_settings
 from helpers.server import chat_with_parts as chat
+from helpers.server import respond_with_parts as respond
 from helpers.tiny_vl import draw
 
 from mindie.media import MediaPolicy
@@ -191,20 +192,10 @@ def test_plain_routes_take_image_parts_as_one_user_turn(vl_server):
                         r"truncated", r.json()["error"]), r.json()
 
 
-def respond(server, content, **extra) -> httpx.Response:
-    body = {"model": server.settings.model_name, "input": [{"role": "user", "content": content}],
-            "max_output_tokens": 6, "temperature": 0, **extra}
-    return httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
-
-
 def test_responses_take_input_image_parts_as_chat_takes_image_url(vl_server, tiny_server):
-    said = chat(vl_server, [image_part(DATA_URI), {"type": "text", "text": "What is this?"}]).json()
-    r = respond(vl_server, [{"type": "input_image", "image_url": DATA_URI},
-                            {"type": "input_text", "text": "What is this?"}])
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["output"][0]["content"][0]["text"] == said["choices"][0]["message"]["content"]
-    assert body["usage"]["input_tokens"] == said["usage"]["prompt_tokens"]  # the 12 image tokens included
+    body = assert_responds_as_chat(vl_server, [{"type": "input_image", "image_url": DATA_URI},
+                                               {"type": "input_text", "text": "What is this?"}],
+                                   [image_part(DATA_URI), {"type": "text", "text": "What is this?"}])
     # the follow-up reads the image again, from the prefix cache
     again = httpx.post(f"{vl_server.url}/v1/responses", timeout=60, json={
         "model": "tiny-vl", "previous_response_id": body["id"], "input": "And its colour?", "max_output_tokens": 4})

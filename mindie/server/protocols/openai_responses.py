@@ -10,7 +10,7 @@ chat template, tool prompting, constraint (tools.constraint) and tool-call parse
 instructions) comes before the new input.
 
 What this server cannot honour is refused with a 400 naming the field, never ignored: built-in
-tools, reasoning, background responses, conversations, prompt templates, image and file inputs,
+tools, reasoning, background responses, conversations, prompt templates, file inputs,
 logprobs. Errors carry OpenAI's body with `code` a string or null.
 """
 
@@ -71,14 +71,14 @@ def _history(store: ResponseStore, previous_response_id: str | None) -> list[dic
 
 
 def _chars(content: str | list[dict[str, Any]] | None) -> str:
-    """A message's text (an image part counts none)."""
+    """A message's text (a media part counts none)."""
     if isinstance(content, list):
         return "".join(p.get("text") or "" for p in content)
     return content or ""
 
 
 def _input(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[MediaRef]]:
-    """The input as chat messages, and the image parts they hold, named by their input items."""
+    """The input as chat messages, and the media parts they hold, named by their input items."""
     if isinstance(req.input, str):
         return [{"role": "user", "content": nonempty(req.input, "input")}], []
     sources: list[int] = []
@@ -109,7 +109,7 @@ async def parse(ctx: Serving, body: bytes, path: Mapping[str, str]) -> tuple[Cal
     store = store_of(ctx)
     given, refs = _input(req)
     previous = _history(store, req.previous_response_id)
-    # a previous response's images are read again (its blocks are still in the prefix cache)
+    # a previous response's media are read again (its blocks are still in the prefix cache)
     refs = [ref for k, m in enumerate(previous) if isinstance(m["content"], list)
             for ref in media_refs(parse_message(m, k).content, f"previous_response_id's messages[{k}].content")
             ] + refs

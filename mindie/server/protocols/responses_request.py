@@ -14,6 +14,7 @@ from mindie.server.errors import APIError
 from mindie.server.fields import INT32_MAX, Body, describe, number
 from mindie.server.protocols.guided import ResponseFormat
 from mindie.server.protocols.messages import Tool
+from mindie.server.protocols.params import ContentPart
 
 if TYPE_CHECKING:
     pass
@@ -109,8 +110,8 @@ class ResponsesRequest(Body):
     # Items are read one by one (to_messages, function_tools) so that a refusal names the item.
     input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_ITEMS, description=(
         "a user message, or message (role user/system/developer/assistant, content a string or input_text/"
-        "output_text/input_image parts), function_call (call_id, name, arguments) and function_call_output (call_id, "
-        "output) items"))]
+        "output_text/input_image/input_audio/audio_url/video_url parts), function_call (call_id, name, "
+        "arguments) and function_call_output (call_id, output) items"))]
     instructions: str | None = None
     tools: Annotated[list[dict[str, Any]], Field(max_length=MAX_TOOLS, description=(
         "function tools: {type: function, name, description, parameters, strict (default true)}"))] | None = None
@@ -217,40 +218,51 @@ def _item(model: type[Body], raw: dict[str, Any], where: str) -> Any:
         raise ResponsesError(400, f"{where}.{message}", f"{where}.{param}" if param else where) from None
 
 
+def _part_text(part: dict[str, Any], where: str) -> str:
+    if part.get("type") == "input_file":
+        raise _unsupported_value(f"{where}.type", "input_file", "this server stores and reads no files; send images "
+                                 "as input_image, audio as input_audio or audio_url and video as video_url parts")
+    if part.get("type") not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
+        raise ResponsesError(400, f"{where} must be an input_text or output_text part with a string text", where,
+                             "invalid_value")
+    return part["text"]
+
+
 def _text(content: str | list[dict[str, Any]], where: str) -> str:
     """The text of a string or a list of text parts (a function call's output)."""
     if isinstance(content, str):
         return content
-    texts = []
-    for j, part in enumerate(content):
-        if part.get("type") in ("input_file", "input_audio"):
-            raise _unsupported_value(f"{where}[{j}].type", part["type"], "this server reads text and image parts")
-        if part.get("type") not in ("input_text", "output_text") or not isinstance(part.get("text"), str):
-            raise ResponsesError(400, f"{where}[{j}] must be an input_text or output_text part with a string text",
-                                 f"{where}[{j}]", "invalid_value")
-        texts.append(part["text"])
-    return "".join(texts)
+    return "".join(_part_text(part, f"{where}[{j}]") for j, part in enumerate(content))
+
+
+# The chat route's own media parts, which a Responses message takes as they are: OpenAI's
+# input_audio (the same shape in both APIs) and the audio_url / video_url parts chat takes (vLLM's).
+CHAT_MEDIA_PARTS = ("input_audio", "audio_url", "video_url")
+
+
+def _media_part(part: dict[str, Any], where: str) -> dict[str, Any]:
+    """A media part as the chat route's content part: the image of an input_image under
+    image_url, a chat media part checked as chat checks it (a 400 naming the part)."""
+    if part["type"] in CHAT_MEDIA_PARTS:
+        _item(ContentPart, part, where)
+        return part
+    if isinstance(part.get("image_url"), str) and part["image_url"]:
+        return {"type": "image_url", "image_url": {"url": part["image_url"]}}
+    if part.get("file_id") is not None:
+        raise unsupported(f"{where}.file_id", "this server stores no files; send image_url (an http(s) URL, a data: "
+                                              "URI or an allowed local path)")
+    raise ResponsesError(400, f"{where}.image_url is required for an input_image part (an http(s) URL, a data: URI "
+                              "or an allowed local path)", f"{where}.image_url", "invalid_value")
 
 
 def _content(content: str | list[dict[str, Any]], where: str) -> str | list[dict[str, Any]]:
-    """A message's content as the chat route takes it: its text, or, where it holds input_image
-    parts, the parts in order as chat parts (text, and image_url for the server's image reader)."""
-    if isinstance(content, str) or not any(part.get("type") == "input_image" for part in content):
+    """A message's content as the chat route takes it: its text, or, where it holds media parts,
+    the parts in order as chat parts (text, and the media for the server's media readers)."""
+    media = ("input_image", *CHAT_MEDIA_PARTS)
+    if isinstance(content, str) or not any(part.get("type") in media for part in content):
         return nonempty(_text(content, where), where)
-    parts: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        if part.get("type") != "input_image":
-            parts.append({"type": "text", "text": _text([part], where)})
-        elif isinstance(part.get("image_url"), str) and part["image_url"]:
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        elif part.get("file_id") is not None:
-            raise unsupported(f"{where}[{j}].file_id", "this server stores no files; send image_url (an http(s) URL, "
-                                                       "a data: URI or an allowed local path)")
-        else:
-            raise ResponsesError(400, f"{where}[{j}].image_url is required for an input_image part (an http(s) URL, "
-                                      "a data: URI or an allowed local path)", f"{where}[{j}].image_url",
-                                 "invalid_value")
-    return parts
+    return [_media_part(part, f"{where}[{j}]") if part.get("type") in media
+            else {"type": "text", "text": _part_text(part, f"{where}[{j}]")} for j, part in enumerate(content)]
 
 
 def nonempty(text: str, where: str) -> str:
