@@ -19,7 +19,8 @@ namespace MINDIE_ISA_NS {
 // of its queries. `part` >= 0 marks a decode split whose partial result goes to the workspace.
 struct WorkItem {
   int32_t seq;
-  int32_t kv_head;  // prefill only
+  int32_t kv_head;      // prefill: the item's kv head; decode: its first kv head
+  int32_t kv_head_end;  // decode: one past its last kv head
   int32_t begin;  // decode: first key position; prefill: first query index within the sequence
   int32_t end;
   int64_t part;   // decode split slot in the workspace, or -1

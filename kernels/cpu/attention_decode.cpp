@@ -13,21 +13,28 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 namespace {
 
-// Issues prefetches for the K then V bytes of the next block, a few cache lines per step(), so the
-// whole block has been asked for after `steps` calls.
+// Issues prefetches for the K then V rows of the next block (`tokens` rows `stride` bytes apart, the
+// first `span` bytes of each: the item's kv heads), a few cache lines per step(), so the whole
+// block has been asked for after `steps` calls.
 class PrefetchStream {
  public:
-  PrefetchStream(const void* k, const void* v, int64_t bytes, int64_t steps)
-      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), lines_((bytes + 63) / 64),
+  PrefetchStream(const void* k, const void* v, int64_t tokens, int64_t stride, int64_t span, int64_t steps)
+      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), stride_(stride),
+        row_lines_((span + 63) / 64), lines_(tokens * row_lines_),
         per_step_(steps > 0 ? (2 * lines_ + steps - 1) / steps : 0) {}
   void step() {
-    for (int64_t i = 0; i < per_step_ && next_ < 2 * lines_; ++i, ++next_)
-      __builtin_prefetch((next_ < lines_ ? k_ + next_ * 64 : v_ + (next_ - lines_) * 64), 0, 3);
+    for (int64_t i = 0; i < per_step_ && next_ < 2 * lines_; ++i, ++next_) {
+      const int64_t line = next_ < lines_ ? next_ : next_ - lines_;
+      const char* row = (next_ < lines_ ? k_ : v_) + line / row_lines_ * stride_;
+      __builtin_prefetch(row + line % row_lines_ * 64, 0, 3);
+    }
   }
 
  private:
   const char* k_;
   const char* v_;
+  int64_t stride_;
+  int64_t row_lines_;
   int64_t lines_;
   int64_t per_step_;
   int64_t next_ = 0;
@@ -41,12 +48,14 @@ class Decode : AttentionView<Q, KV> {
  public:
   explicit Decode(const Base& view) : Base(view) {}
 
-  // One token's queries against keys [w.begin, w.end), a block at a time and, within a block, a
-  // kv head at a time: scores, online-softmax update, then the weighted values. Head dims that
-  // fill whole vectors keep queries and accumulators in registers (decode_fixed).
+  // One token's queries of kv heads [w.kv_head, w.kv_head_end) against keys [w.begin, w.end), a
+  // block at a time and, within a block, a kv head at a time: scores, online-softmax update, then
+  // the weighted values. Head dims that fill whole vectors keep queries and accumulators in
+  // registers (decode_fixed).
   void decode(const WorkItem& w, float* workspace) const {
     thread_local Scratch scratch;
     const int H = a_.num_heads, BS = a_.block_size, G = group_;
+    const int head_begin = w.kv_head * G, head_end = w.kv_head_end * G;
     float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS + 64);
     float* acc = qf + H * D_;
     float* ml = acc + H * D_;
@@ -54,26 +63,28 @@ class Decode : AttentionView<Q, KV> {
     OnlineSoftmax sm{ml, ml + H, acc, D_, a_.softcap};
     sm.init(H);
     const int64_t token = a_.query_start_loc[w.seq];
-    load_scaled(qf, q_ + token * a_.q_token_stride, a_.scale, H * D_);
+    load_scaled(qf + head_begin * D_, q_ + token * a_.q_token_stride + head_begin * D_, a_.scale,
+                (head_end - head_begin) * D_);
     for (int b0 = w.begin; b0 < w.end;) {
       const int n = std::min(w.end, (b0 / BS + 1) * BS) - b0;
       const int next = b0 + n;
       const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
       // While this block is computed, the next one streams into cache: blocks are scattered, so
       // the hardware prefetcher would restart at each one. Spread over the block's iterations.
-      const int64_t next_bytes = static_cast<int64_t>(n_next) * row_ * static_cast<int64_t>(sizeof(KV));
-      PrefetchStream ahead(n_next > 0 ? key_row(w.seq, next, 0) : nullptr,
-                           n_next > 0 ? value_row(w.seq, next, 0) : nullptr, next_bytes,
-                           a_.kv_heads * (n + (n + 1) / 2));
+      const int heads = w.kv_head_end - w.kv_head;
+      PrefetchStream ahead(n_next > 0 ? key_row(w.seq, next, w.kv_head) : nullptr,
+                           n_next > 0 ? value_row(w.seq, next, w.kv_head) : nullptr, n_next,
+                           row_ * static_cast<int64_t>(sizeof(KV)), int64_t{heads} * D_ * static_cast<int64_t>(sizeof(KV)),
+                           heads * (n + (n + 1) / 2));
       const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0), n, token, &ahead};
-      for (int h = 0; h < a_.kv_heads; ++h)
+      for (int h = w.kv_head; h < w.kv_head_end; ++h)
         for (int g0 = 0; g0 < G; g0 += 4) {
           const int head0 = h * G + g0, gc = std::min(4, G - g0);
           if (!decode_fixed_dispatch(rows, h, head0, gc, qf, s, sm)) decode_general(rows, h, head0, gc, qf, s, sm);
         }
       b0 += n;
     }
-    for (int head = 0; head < H; ++head) {
+    for (int head = head_begin; head < head_end; ++head) {
       if (w.part < 0) {
         store_output(token, head, acc + head * D_, sm.l[head] > 0.f ? 1.f / sm.l[head] : 0.f);
       } else {

@@ -50,8 +50,12 @@ class Attention : AttentionView<Q, KV> {
     int64_t decode_rows = 0;
     for (int64_t s = 0; s < a_.num_seqs; ++s) decode_rows += query_len(s) == 1;
     int partition = a_.partition_size;
+    int head_groups = 1;  // decode items per sequence and context part, each over a range of kv heads
     if (partition <= 0) {
-      // Split long decode contexts only when the batch alone cannot keep every thread busy.
+      // When the batch alone cannot keep every thread busy, split each decode row first over its kv
+      // heads (exact: a head's sums do not change), then long contexts over key ranges (merged
+      // afterwards). A batch-1 step otherwise runs its attention on one thread while the others
+      // wait, and fall asleep before the next projection.
       const int64_t want = 4LL * get_num_threads();
       const int64_t have = decode_rows;
       int64_t longest = 0;
@@ -59,8 +63,12 @@ class Attention : AttentionView<Q, KV> {
         if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s] - first_key(s));
       partition = static_cast<int>(longest + 1);
       if (have > 0 && have < want) {
-        const int64_t splits = (want + have - 1) / have;
-        partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
+        head_groups = static_cast<int>(std::min<int64_t>(a_.kv_heads, (want + have - 1) / have));
+        const int64_t items = have * head_groups;
+        if (items < want) {
+          const int64_t splits = (want + items - 1) / items;
+          partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
+        }
       }
     }
     partition = std::max(partition, 1);
@@ -74,15 +82,17 @@ class Attention : AttentionView<Q, KV> {
         if (parts > 1) merges_.push_back({static_cast<int32_t>(s), num_parts_, parts});
         for (int p = 0; p < parts; ++p) {
           const int64_t slot = parts > 1 ? num_parts_ + p : -1;
-          work_.push_back({static_cast<int32_t>(s), 0, lo + p * partition, std::min(ctx, lo + (p + 1) * partition),
-                           slot});
+          for (int g = 0; g < head_groups; ++g)
+            work_.push_back({static_cast<int32_t>(s), g * a_.kv_heads / head_groups,
+                             (g + 1) * a_.kv_heads / head_groups, lo + p * partition,
+                             std::min(ctx, lo + (p + 1) * partition), slot});
         }
         if (parts > 1) num_parts_ += parts;
       } else {
         const int tile = query_tile();
         for (int i0 = 0; i0 < q_len; i0 += tile)
           for (int h = 0; h < a_.kv_heads; ++h)
-            work_.push_back({static_cast<int32_t>(s), h, i0, std::min(q_len, i0 + tile), -1});
+            work_.push_back({static_cast<int32_t>(s), h, h + 1, i0, std::min(q_len, i0 + tile), -1});
       }
     }
     // Longest work first, so the dynamic schedule does not end on one straggler.
@@ -103,7 +113,7 @@ class Attention : AttentionView<Q, KV> {
   }
 
   int64_t cost(const WorkItem& w) const {
-    if (w.part >= 0 || query_len(w.seq) == 1) return static_cast<int64_t>(w.end - w.begin) * a_.kv_heads;
+    if (w.part >= 0 || query_len(w.seq) == 1) return static_cast<int64_t>(w.end - w.begin) * (w.kv_head_end - w.kv_head);
     const int64_t last_pos = a_.seq_lens[w.seq] - query_len(w.seq) + w.end;
     return (a_.window > 0 ? std::min<int64_t>(last_pos, a_.window) : last_pos) * (w.end - w.begin);
   }

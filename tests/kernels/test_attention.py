@@ -77,6 +77,30 @@ def test_decode_split_context(isa, q_dtype, kv_dtype, partition_size):
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("kv_heads,group", [(1, 4), (3, 3), (8, 2), (5, 1)])
+@pytest.mark.parametrize("ctx", [[37], [700], [1300, 5], [600, 20, 9]])
+def test_small_batch_decode_splits_heads_and_context(isa, q_dtype, kv_dtype, kv_heads, group, ctx):
+    """A batch too small to keep the threads busy is split over kv head ranges, and long contexts
+    also over key ranges (merged): every combination against the reference."""
+    gen = torch.Generator().manual_seed(9)
+    check(make_batch([1] * len(ctx), ctx, kv_heads * group, kv_heads, 64, 16, q_dtype, kv_dtype, gen))
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+def test_decode_row_does_not_depend_on_the_head_split(isa, q_dtype, kv_dtype):
+    """A decode row alone (its kv heads split over the threads) equals the same row in a batch large
+    enough that nothing is split, bit for bit: a head's sums are the same wherever it runs."""
+    gen = torch.Generator().manual_seed(10)
+    ctx = [200, 17, 64, 3, 99, 150, 31, 8, 120, 77]
+    batch = make_batch([1] * len(ctx), ctx, 16, 8, 64, 16, q_dtype, kv_dtype, gen)
+    together = ops.paged_attention(**batch)
+    for s in range(len(ctx)):
+        alone = {**batch, "query": batch["query"][s:s + 1], "block_tables": batch["block_tables"][s:s + 1],
+                 "query_start_loc": torch.tensor([0, 1], dtype=torch.int32), "seq_lens": batch["seq_lens"][s:s + 1]}
+        assert torch.equal(ops.paged_attention(**alone), together[s:s + 1]), s
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
 @pytest.mark.parametrize("block_size", [1, 7, 16, 32])
 def test_prefill_and_extend(isa, q_dtype, kv_dtype, block_size):
     gen = torch.Generator().manual_seed(3)
