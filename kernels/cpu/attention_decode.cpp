@@ -19,25 +19,29 @@ namespace {
 class PrefetchStream {
  public:
   PrefetchStream(const void* k, const void* v, int64_t tokens, int64_t stride, int64_t span, int64_t steps)
-      : k_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), stride_(stride),
-        row_lines_((span + 63) / 64), lines_(tokens * row_lines_),
-        per_step_(steps > 0 ? (2 * lines_ + steps - 1) / steps : 0) {}
+      : rows_{static_cast<const char*>(k), static_cast<const char*>(v)}, tokens_(tokens), stride_(stride),
+        row_lines_((span + 63) / 64),
+        per_step_(steps > 0 ? (2 * tokens * row_lines_ + steps - 1) / steps : 0),
+        which_(tokens > 0 ? 0 : 2) {}
   void step() {
-    for (int64_t i = 0; i < per_step_ && next_ < 2 * lines_; ++i, ++next_) {
-      const int64_t line = next_ < lines_ ? next_ : next_ - lines_;
-      const char* row = (next_ < lines_ ? k_ : v_) + line / row_lines_ * stride_;
-      __builtin_prefetch(row + line % row_lines_ * 64, 0, 3);
+    for (int64_t i = 0; i < per_step_ && which_ < 2; ++i) {
+      __builtin_prefetch(rows_[which_] + token_ * stride_ + line_ * 64, 0, 3);
+      if (++line_ < row_lines_) continue;
+      line_ = 0;
+      if (++token_ < tokens_) continue;
+      token_ = 0;
+      ++which_;
     }
   }
 
  private:
-  const char* k_;
-  const char* v_;
+  const char* rows_[2];  // the block's first K and V rows
+  int64_t tokens_;
   int64_t stride_;
   int64_t row_lines_;
-  int64_t lines_;
   int64_t per_step_;
-  int64_t next_ = 0;
+  int which_;  // 0: K, 1: V, 2: done
+  int64_t token_ = 0, line_ = 0;
 };
 
 template <typename Q, typename KV>
@@ -56,10 +60,12 @@ class Decode : AttentionView<Q, KV> {
     thread_local Scratch scratch;
     const int H = a_.num_heads, BS = a_.block_size, G = group_;
     const int head_begin = w.kv_head * G, head_end = w.kv_head_end * G;
-    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(G + 4) * BS + 64);
+    // s: [max(G, 4)][BS] scores (a kv head's group, or decode_fixed's up to 4 heads), then its
+    // [BS + 16][4] reduced sums.
+    float* qf = scratch.get(static_cast<size_t>(H) * (2 * D_ + 2) + static_cast<size_t>(std::max(G, 4) + 4) * BS + 64);
     float* acc = qf + H * D_;
     float* ml = acc + H * D_;
-    float* s = ml + 2 * H;  // [G][BS] scores, reused per kv head, then [BS][4] for decode_fixed
+    float* s = ml + 2 * H;
     OnlineSoftmax sm{ml, ml + H, acc, D_, a_.softcap};
     sm.init(H);
     const int64_t token = a_.query_start_loc[w.seq];
@@ -71,17 +77,24 @@ class Decode : AttentionView<Q, KV> {
       const int n_next = next < w.end ? std::min(w.end, (next / BS + 1) * BS) - next : 0;
       // While this block is computed, the next one streams into cache: blocks are scattered, so
       // the hardware prefetcher would restart at each one. Spread over the block's iterations.
-      const int heads = w.kv_head_end - w.kv_head;
+      // Head dims that fill whole vectors take the item's heads four at a time whatever their kv
+      // heads (with few queries per kv head, four kv heads' rows are read side by side); the
+      // general path one kv head's group at a time.
+      const bool fixed = fixed_head_dim();
+      const int kv_heads = w.kv_head_end - w.kv_head;
+      const int calls = fixed ? (head_end - head_begin + 3) / 4 : kv_heads * ((G + 3) / 4);
       PrefetchStream ahead(n_next > 0 ? key_row(w.seq, next, w.kv_head) : nullptr,
                            n_next > 0 ? value_row(w.seq, next, w.kv_head) : nullptr, n_next,
-                           row_ * static_cast<int64_t>(sizeof(KV)), int64_t{heads} * D_ * static_cast<int64_t>(sizeof(KV)),
-                           heads * (n + (n + 1) / 2));
+                           row_ * static_cast<int64_t>(sizeof(KV)), int64_t{kv_heads} * D_ * static_cast<int64_t>(sizeof(KV)),
+                           calls * (n + (n + 1) / 2));
       const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0), n, token, &ahead};
-      for (int h = w.kv_head; h < w.kv_head_end; ++h)
-        for (int g0 = 0; g0 < G; g0 += 4) {
-          const int head0 = h * G + g0, gc = std::min(4, G - g0);
-          if (!decode_fixed_dispatch(rows, h, head0, gc, qf, s, sm)) decode_general(rows, h, head0, gc, qf, s, sm);
-        }
+      if (fixed) {
+        for (int head0 = head_begin; head0 < head_end; head0 += 4)
+          decode_fixed_dispatch(rows, head0, std::min(4, head_end - head0), qf, s, sm);
+      } else {
+        for (int h = w.kv_head; h < w.kv_head_end; ++h)
+          for (int g0 = 0; g0 < G; g0 += 4) decode_general(rows, h, h * G + g0, std::min(4, G - g0), qf, s, sm);
+      }
       b0 += n;
     }
     for (int head = head_begin; head < head_end; ++head) {
@@ -137,39 +150,54 @@ class Decode : AttentionView<Q, KV> {
       for (int g = 0; g < gc; ++g) axpy(sm.acc + (head0 + g) * D_, s[g * BS + t], v, D_);
   }
 
-  bool decode_fixed_dispatch(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
+  bool fixed_head_dim() const {
+    constexpr int W = VecF::W;
+    return W >= 4 && (D_ == 4 * W || D_ == 8 * W);
+  }
+
+  // Heads head0..head0+gc-1 (gc <= 4), when fixed_head_dim().
+  void decode_fixed_dispatch(const BlockRows& rows, int head0, int gc, const float* qf, float* s,
                              OnlineSoftmax& sm) const {
     constexpr int W = VecF::W;
     if constexpr (W >= 4) {
-      if (D_ == 4 * W) return decode_fixed_gc<4>(rows, h, head0, gc, qf, s, sm);
-      if (D_ == 8 * W) return decode_fixed_gc<8>(rows, h, head0, gc, qf, s, sm);
+      if (D_ == 4 * W) decode_fixed_gc<4>(rows, head0, gc, qf, s, sm);
+      else decode_fixed_gc<8>(rows, head0, gc, qf, s, sm);
     }
-    return false;
   }
 
   template <int DV>
-  bool decode_fixed_gc(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
-                       OnlineSoftmax& sm) const {
+  void decode_fixed_gc(const BlockRows& rows, int head0, int gc, const float* qf, float* s, OnlineSoftmax& sm) const {
 #if MINDIE_BF16_DOT
     // bf16 queries against bf16 keys: vdpbf16ps multiplies the raw pairs exactly and sums in
     // float32, the same arithmetic as converting first, with half the instructions.
     if constexpr (std::is_same_v<Q, bf16_t> && std::is_same_v<KV, bf16_t>) {
-      if (cpu_has_avx512_bf16()) return decode_fixed_heads<DV, true>(rows, h, head0, gc, qf, s, sm);
+      if (cpu_has_avx512_bf16()) return decode_fixed_heads<DV, true>(rows, head0, gc, qf, s, sm);
     }
 #endif
-    return decode_fixed_heads<DV, false>(rows, h, head0, gc, qf, s, sm);
+    decode_fixed_heads<DV, false>(rows, head0, gc, qf, s, sm);
   }
 
   template <int DV, bool kBf16Dot>
-  bool decode_fixed_heads(const BlockRows& rows, int h, int head0, int gc, const float* qf, float* s,
-                          OnlineSoftmax& sm) const {
+  void decode_fixed_heads(const BlockRows& rows, int head0, int gc, const float* qf, float* s, OnlineSoftmax& sm) const {
+    // Heads of one kv head read its rows once for all of them.
+    if ((head0 + gc - 1) / group_ == head0 / group_) return decode_fixed_count<DV, kBf16Dot, true>(rows, head0, gc, qf, s, sm);
+    decode_fixed_count<DV, kBf16Dot, false>(rows, head0, gc, qf, s, sm);
+  }
+
+  template <int DV, bool kBf16Dot, bool kShared>
+  void decode_fixed_count(const BlockRows& rows, int head0, int gc, const float* qf, float* s, OnlineSoftmax& sm) const {
     switch (gc) {
-      case 1: decode_fixed<1, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
-      case 2: decode_fixed<2, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
-      case 3: decode_fixed<3, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
-      case 4: decode_fixed<4, DV, kBf16Dot>(rows, h, head0, qf, s, sm); return true;
-      default: return false;
+      case 1: return decode_fixed<1, DV, kBf16Dot, true>(rows, head0, qf, s, sm);
+      case 2: return decode_fixed<2, DV, kBf16Dot, kShared>(rows, head0, qf, s, sm);
+      case 3: return decode_fixed<3, DV, kBf16Dot, kShared>(rows, head0, qf, s, sm);
+      default: return decode_fixed<4, DV, kBf16Dot, kShared>(rows, head0, qf, s, sm);
     }
+  }
+
+  // Element offsets of heads head0..head0+GC-1's kv rows from the first one's, within a token row.
+  template <int GC>
+  void kv_offsets(int head0, int (&off)[GC]) const {
+    for (int g = 0; g < GC; ++g) off[g] = ((head0 + g) / group_ - head0 / group_) * D_;
   }
 
   // Walks the keys a group of kTokenGroup tokens at a time: token_dots(key_row, out) writes the GC
@@ -194,10 +222,12 @@ class Decode : AttentionView<Q, KV> {
 
   // Scores of GC heads against n keys. The float path uses the pre-scaled float32 queries in qf;
   // the bf16 path the raw bf16 queries, scaled afterwards.
-  template <int GC, int DV, bool kBf16Dot>
+  template <int GC, int DV, bool kBf16Dot, bool kShared>
   void score_keys(const KV* k, int n, int head0, const float* qf, const int64_t token, float* st,
                   PrefetchStream& ahead) const {
     constexpr int W = VecF::W;
+    int off[GC];
+    kv_offsets<GC>(head0, off);
 #if MINDIE_BF16_DOT
     if constexpr (kBf16Dot) {
       constexpr int DP = DV / 2;  // 32 bf16 per register
@@ -208,8 +238,9 @@ class Decode : AttentionView<Q, KV> {
       const __m512 scale = _mm512_set1_ps(a_.scale);
       reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
         __m512bh kb[DP];
-        for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + j * 32);
         for (int g = 0; g < GC; ++g) {
+          if (g == 0 || !kShared)
+            for (int j = 0; j < DP; ++j) kb[j] = (__m512bh)_mm512_loadu_si512(kr + off[g] + j * 32);
           __m512 acc = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], kb[0]);
           for (int j = 1; j < DP; ++j) acc = _mm512_dpbf16_ps(acc, q[g][j], kb[j]);
           out[g] = VecF(_mm512_mul_ps(acc, scale));
@@ -224,8 +255,9 @@ class Decode : AttentionView<Q, KV> {
       for (int j = 0; j < DV; ++j) q[g][j] = VecF::load(qf + (head0 + g) * D_ + j * W);
     reduce_scores(k, n, st, ahead, [&](const KV* kr, VecF* out) {
       VecF kv[DV];
-      for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + j * W);
       for (int g = 0; g < GC; ++g) {
+        if (g == 0 || !kShared)
+          for (int j = 0; j < DV; ++j) kv[j] = VecF::load(kr + off[g] + j * W);
         VecF p0 = q[g][0] * kv[0], p1 = q[g][1] * kv[1];
         for (int j = 2; j < DV; j += 2) {
           p0 = VecF::fma(q[g][j], kv[j], p0);
@@ -236,15 +268,17 @@ class Decode : AttentionView<Q, KV> {
     });
   }
 
-  template <int GC, int DV, bool kBf16Dot>
-  void decode_fixed(const BlockRows& rows, int h, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
+  // Heads head0..head0+GC-1 over one block segment; kShared: all of one kv head.
+  template <int GC, int DV, bool kBf16Dot, bool kShared>
+  void decode_fixed(const BlockRows& rows, int head0, const float* qf, float* s, OnlineSoftmax& sm) const {
     constexpr int W = VecF::W;
     const int BS = a_.block_size, n = rows.n;
     float* st = s + GC * BS;  // [BS][4]
     VecF acc[GC][DV];
     for (int g = 0; g < GC; ++g)
       for (int j = 0; j < DV; ++j) acc[g][j] = VecF::load(sm.acc + (head0 + g) * D_ + j * W);
-    score_keys<GC, DV, kBf16Dot>(rows.k + h * D_, n, head0, qf, rows.token, st, *rows.ahead);
+    const int64_t kv0 = static_cast<int64_t>(head0 / group_) * D_;
+    score_keys<GC, DV, kBf16Dot, kShared>(rows.k + kv0, n, head0, qf, rows.token, st, *rows.ahead);
     for (int g = 0; g < GC; ++g)
       for (int t = 0; t < n; ++t) s[g * BS + t] = st[4 * t + g];
     for (int g = 0; g < GC; ++g) {
@@ -255,18 +289,21 @@ class Decode : AttentionView<Q, KV> {
         for (int j = 0; j < DV; ++j) acc[g][j] = acc[g][j] * alpha;
       }
     }
-    const KV* v = rows.v + h * D_;
+    const KV* v = rows.v + kv0;
+    int off[GC];
+    kv_offsets<GC>(head0, off);
 #if MINDIE_BF16_DOT
     if constexpr (kBf16Dot) {
-      accumulate_values_bf16<GC, DV>(acc, v, n, s, reinterpret_cast<bf16_t*>(st), *rows.ahead);
+      accumulate_values_bf16<GC, DV, kShared>(acc, v, off, n, s, reinterpret_cast<bf16_t*>(st), *rows.ahead);
     } else
 #endif
     {
       for (int t = 0; t < n; ++t, v += row_) {
         rows.ahead->step();
         VecF vv[DV];
-        for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + j * W);
         for (int g = 0; g < GC; ++g) {
+          if (g == 0 || !kShared)
+            for (int j = 0; j < DV; ++j) vv[j] = VecF::load(v + off[g] + j * W);
           const VecF p = VecF::set1(s[g * BS + t]);
           for (int j = 0; j < DV; ++j) acc[g][j] = VecF::fma(p, vv[j], acc[g][j]);
         }
@@ -281,9 +318,9 @@ class Decode : AttentionView<Q, KV> {
   // bf16 Hugging Face model multiplies bf16 weights by bf16 values) and two value rows are
   // interleaved so each instruction adds p_t v_t + p_t+1 v_t+1. Interleaving permutes the head
   // dimension inside each register; the accumulators are permuted to match and back afterwards.
-  template <int GC, int DV>
-  void accumulate_values_bf16(VecF (&acc)[GC][DV], const KV* v, int n, const float* s, bf16_t* pb,
-                              PrefetchStream& ahead) const {
+  template <int GC, int DV, bool kShared>
+  void accumulate_values_bf16(VecF (&acc)[GC][DV], const KV* v, const int (&off)[GC], int n, const float* s,
+                              bf16_t* pb, PrefetchStream& ahead) const {
     static_assert(DV % 2 == 0, "pairs of 16-lane accumulators hold 32 bf16 values");
     const int BS = a_.block_size, stride = BS + 2;
     for (int g = 0; g < GC; ++g) {
@@ -306,12 +343,13 @@ class Decode : AttentionView<Q, KV> {
       const KV* r1 = t + 1 < n ? r0 + row_ : r0;
       ahead.step();
       __m512bh lo[DV / 2], hi[DV / 2];
-      for (int j = 0; j < DV / 2; ++j) {
-        const __m512i x = _mm512_loadu_si512(r0 + j * 32), y = _mm512_loadu_si512(r1 + j * 32);
-        lo[j] = (__m512bh)_mm512_unpacklo_epi16(x, y);
-        hi[j] = (__m512bh)_mm512_unpackhi_epi16(x, y);
-      }
       for (int g = 0; g < GC; ++g) {
+        if (g == 0 || !kShared)
+          for (int j = 0; j < DV / 2; ++j) {
+            const __m512i x = _mm512_loadu_si512(r0 + off[g] + j * 32), y = _mm512_loadu_si512(r1 + off[g] + j * 32);
+            lo[j] = (__m512bh)_mm512_unpacklo_epi16(x, y);
+            hi[j] = (__m512bh)_mm512_unpackhi_epi16(x, y);
+          }
         uint32_t pair;
         std::memcpy(&pair, pb + g * stride + t, sizeof pair);
         const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));

@@ -50,25 +50,24 @@ class Attention : AttentionView<Q, KV> {
     int64_t decode_rows = 0;
     for (int64_t s = 0; s < a_.num_seqs; ++s) decode_rows += query_len(s) == 1;
     int partition = a_.partition_size;
-    int head_groups = 1;  // decode items per sequence and context part, each over a range of kv heads
+    int head_groups = 1;  // decode items per sequence and key range, each over a range of kv heads
     if (partition <= 0) {
-      // When the batch alone cannot keep every thread busy, split each decode row first over its kv
-      // heads (exact: a head's sums do not change), then long contexts over key ranges (merged
-      // afterwards). A batch-1 step otherwise runs its attention on one thread while the others
-      // wait, and fall asleep before the next projection.
-      const int64_t want = 4LL * get_num_threads();
+      // Split long decode contexts only when the batch alone cannot keep every thread busy; if
+      // that still leaves a thread idle (short contexts), split the rows over kv head ranges too
+      // (exact: a head's sums do not change). Key ranges come first: each reads whole cache rows,
+      // where a head range reads a slice of every row. A batch-1 step otherwise runs its attention
+      // on one thread while the others wait, and fall asleep before the next projection.
+      const int64_t threads = get_num_threads(), want = 4 * threads;
       const int64_t have = decode_rows;
       int64_t longest = 0;
       for (int64_t s = 0; s < a_.num_seqs; ++s)
         if (query_len(s) == 1) longest = std::max<int64_t>(longest, a_.seq_lens[s] - first_key(s));
       partition = static_cast<int>(longest + 1);
       if (have > 0 && have < want) {
-        head_groups = static_cast<int>(std::min<int64_t>(a_.kv_heads, (want + have - 1) / have));
-        const int64_t items = have * head_groups;
-        if (items < want) {
-          const int64_t splits = (want + items - 1) / items;
-          partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
-        }
+        const int64_t splits = (want + have - 1) / have;
+        partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
+        const int64_t items = have * ((longest + partition - 1) / partition);
+        if (items < threads) head_groups = static_cast<int>(std::min<int64_t>(a_.kv_heads, (threads + items - 1) / items));
       }
     }
     partition = std::max(partition, 1);

@@ -7,7 +7,7 @@ import pytest
 import torch
 from reference.attention import paged_attention as ref_paged_attention
 
-from mindie import ops
+from mindie import _C, ops
 
 DTYPES = {  # (query dtype, kv dtype) -> (atol, rtol)
     (torch.float32, torch.float32): (2e-5, 2e-5),
@@ -79,11 +79,20 @@ def test_decode_split_context(isa, q_dtype, kv_dtype, partition_size):
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
 @pytest.mark.parametrize("kv_heads,group", [(1, 4), (3, 3), (8, 2), (5, 1)])
 @pytest.mark.parametrize("ctx", [[37], [700], [1300, 5], [600, 20, 9]])
-def test_small_batch_decode_splits_heads_and_context(isa, q_dtype, kv_dtype, kv_heads, group, ctx):
-    """A batch too small to keep the threads busy is split over kv head ranges, and long contexts
-    also over key ranges (merged): every combination against the reference."""
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_small_batch_decode_splits_heads_and_context(isa, q_dtype, kv_dtype, kv_heads, group, ctx, block_size):
+    """A batch too small to keep the threads busy is split over key ranges (merged) and, where
+    threads are still idle, over kv head ranges: every combination, at several pool sizes, against
+    the reference."""
     gen = torch.Generator().manual_seed(9)
-    check(make_batch([1] * len(ctx), ctx, kv_heads * group, kv_heads, 64, 16, q_dtype, kv_dtype, gen))
+    batch = make_batch([1] * len(ctx), ctx, kv_heads * group, kv_heads, 64, block_size, q_dtype, kv_dtype, gen)
+    threads = _C.get_num_threads()
+    try:
+        for t in (1, 2, 8):
+            _C.set_num_threads(t)
+            check(batch)
+    finally:
+        _C.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
