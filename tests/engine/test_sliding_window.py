@@ -60,8 +60,9 @@ def greedy(max_tokens: int = NEW) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
 
 
-def test_the_model_configs_say_which_windows_release(tiny_phi3, tiny_gemma3, tiny_llama):
+def test_the_model_configs_say_which_windows_release(tiny_phi3, tiny_gemma3, tiny_llama, tiny_mistral):
     assert tiny_phi3.config.kv_window == 24 and all(tiny_phi3.config.sliding_layers)
+    assert tiny_mistral.config.kv_window == 10 and make_engine(tiny_mistral, True).scheduler.config.window == 10
     assert tiny_gemma3.config.sliding_window == 11 and tiny_gemma3.config.kv_window == 0  # a global layer
     assert tiny_llama.config.kv_window == 0
     assert make_engine(tiny_phi3, True).scheduler.config.window == 24
