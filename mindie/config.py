@@ -95,14 +95,16 @@ class EngineConfig:
             raise ConfigError(f"unknown engine config key(s) {unknown}; known: {sorted(ENGINE_KEYS)}")
         return cls(**{ENGINE_KEYS[k][0]: v for k, v in keys.items()})
 
-    def limits(self, model_context: int, kv_tokens: int) -> TokenLimits:
+    def limits(self, model_context: int, kv_tokens: int, window_fits: bool = False) -> TokenLimits:
         """The token limits for a model of `model_context` positions over a KV cache that holds
         `kv_tokens`. An unset maxSeqLen is the model's context length, or what the cache holds if
-        that is less (a sequence longer than the cache could never run); an unset
-        maxInputTokenLen is maxSeqLen - 1; an unset maxIterTimes is 512, at most maxSeqLen. A set
-        maxSeqLen wins (requests stay bounded by the model's context length all the same).
-        ValueError if a set maxIterTimes exceeds a fitted maxSeqLen."""
-        seq_len = self.max_seq_len or min(model_context, kv_tokens)
+        that is less (a sequence longer than the cache could never run) unless `window_fits` (every
+        layer slides and the cache holds a window's blocks: a sequence gives back what its window
+        passed, so its length is not the cache's to bound); an unset maxInputTokenLen is
+        maxSeqLen - 1; an unset maxIterTimes is 512, at most maxSeqLen. A set maxSeqLen wins
+        (requests stay bounded by the model's context length all the same). ValueError if a set
+        maxIterTimes exceeds a fitted maxSeqLen."""
+        seq_len = self.max_seq_len or (model_context if window_fits else min(model_context, kv_tokens))
         if self.max_iter_times is not None and self.max_iter_times > seq_len:
             raise ValueError(f"maxIterTimes must be in [1, maxSeqLen={seq_len}] (maxSeqLen is unset: the model's "
                              f"context length {model_context}, at most the {kv_tokens} tokens the KV cache holds), "

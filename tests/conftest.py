@@ -99,6 +99,18 @@ def tiny_phi3_gguf(tiny_phi3_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny-mistral"), "mistral", 6)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_gguf(tiny_mistral_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Mistral as llama.cpp's converter writes it (architecture llama, q/k permuted), with
+    `llama.attention.sliding_window`, which that converter leaves out."""
+    return write_gguf(tiny_mistral_dir, tmp_path_factory.mktemp("gguf") / "tiny-mistral.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_vl_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"), qwen25=False)
 
@@ -190,6 +202,16 @@ def tiny_phi3(tiny_phi3_dir: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_phi3_from_gguf(tiny_phi3_gguf: Path) -> LoadedModel:
     return load_model(str(tiny_phi3_gguf), dtype=torch.float32, quantization="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tiny_mistral_dir: Path) -> LoadedModel:
+    return load_model(str(tiny_mistral_dir), dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_from_gguf(tiny_mistral_gguf: Path) -> LoadedModel:
+    return load_model(str(tiny_mistral_gguf), dtype=torch.float32, quantization="none")
 
 
 @pytest.fixture(scope="session")

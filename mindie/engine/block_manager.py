@@ -51,8 +51,9 @@ class PrefixMatch(NamedTuple):
 
 class _Plan(NamedTuple):
     reuse: list[int]  # prefix-cache blocks to share, in order
-    hashes: list[bytes]  # their chained hashes
+    hashes: list[bytes]  # the chained hashes of the whole matched prefix (holes' blocks first)
     need: int  # fresh blocks to take
+    holes: int  # matched blocks left out of the table, before `reuse` (a window passed them)
 
 
 @dataclass
@@ -138,50 +139,56 @@ class BlockManager:
 
     # --- allocation -------------------------------------------------------------------------
 
-    def _plan(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True
-              ) -> _Plan | None:
+    def _plan(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True,
+              window: int = 0) -> _Plan | None:
         """What `allocate` would do, or None if not enough blocks are obtainable now."""
         seq = self._seqs.get(seq_id)
+        holes = 0
         if seq is not None:
             reuse, hashes = [], []
             need = max(self.num_blocks_needed(num_tokens) - len(seq.table), 0)
         else:
             reuse, hashes = self._match(token_ids) if reuse_prefix else ([], [])
             keep = min(len(reuse), num_tokens // self.block_size)
-            reuse, hashes = reuse[:keep], hashes[:keep]
+            if window:  # what release_before would release once the first query (position keep * bs) ran
+                holes = min(max(keep * self.block_size - window + 1, 0) // self.block_size, keep)
+            reuse, hashes = reuse[holes:keep], hashes[:keep]
             need = self.num_blocks_needed(num_tokens) - keep
         reviving = sum(1 for b in reuse if self._ref[b] == 0)  # these leave the evictable set
-        return _Plan(reuse, hashes, need) if need <= self.num_free_blocks() - reviving else None
+        return _Plan(reuse, hashes, need, holes) if need <= self.num_free_blocks() - reviving else None
 
     def can_allocate(self, seq_id: str, token_ids: Sequence[int], num_tokens: int) -> bool:
         """Whether `allocate` with the same arguments would succeed now. Modifies nothing."""
         return self._plan(seq_id, token_ids, num_tokens) is not None
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True
-                 ) -> int | None:
+    def allocate(self, seq_id: str, token_ids: Sequence[int], num_tokens: int, reuse_prefix: bool = True,
+                 window: int = 0) -> int | None:
         """Make seq_id own blocks covering positions [0, num_tokens).
 
         First call for seq_id: reuses the prefix match of token_ids (capped at num_tokens rounded
         down to whole blocks; those blocks get ref + 1) and returns the number of reused tokens,
-        which the caller need not compute. Later calls only extend the table and return 0 (the
-        table never shrinks; token_ids is then unused). Returns None, changing nothing, if not
-        enough blocks are obtainable - test the result with `is None`, 0 is a success.
-        `reuse_prefix=False` computes everything (prompt log-probabilities need every position).
+        which the caller need not compute. With `window` (every layer slides; see release_before)
+        the matched blocks wholly before the first computed position's window enter the table as
+        HOLEs, unreferenced: a long cached prefix then takes no more blocks than the window does.
+        Later calls only extend the table and return 0 (the table never shrinks; token_ids is then
+        unused). Returns None, changing nothing, if not enough blocks are obtainable - test the
+        result with `is None`, 0 is a success. `reuse_prefix=False` computes everything (prompt
+        log-probabilities need every position).
         """
-        plan = self._plan(seq_id, token_ids, num_tokens, reuse_prefix)
+        plan = self._plan(seq_id, token_ids, num_tokens, reuse_prefix, window)
         if plan is None:
             return None
-        reuse, hashes, need = plan
+        reuse, hashes, need, holes = plan
         seq = self._seqs.get(seq_id)
         if seq is None:
-            seq = self._seqs[seq_id] = _Seq(hashes=hashes)
+            seq = self._seqs[seq_id] = _Seq(table=[HOLE] * holes, hashes=hashes, released=holes)
             self.prefix_query_tokens += len(token_ids)
-            self.prefix_hit_tokens += len(reuse) * self.block_size
+            self.prefix_hit_tokens += len(hashes) * self.block_size
         for block in reuse:
             self._evictable.pop(block, None)
             self._ref[block] += 1
         seq.table += reuse + [self._take_fresh() for _ in range(need)]
-        return len(reuse) * self.block_size
+        return (holes + len(reuse)) * self.block_size
 
     def _take_fresh(self) -> int:
         """A block with ref 1: lowest free id, else evict the least recently freed cached block."""

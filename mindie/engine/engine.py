@@ -22,7 +22,7 @@ from mindie.engine.detokenizer import DetokenizerDelta, IncrementalDetokenizer
 from mindie.engine.handoff import KVHandoff, continued_sequence
 from mindie.engine.request import EngineRequest, FinishReason, RequestOutput, SamplingParams, TokenLogprob
 from mindie.engine.runner import ModelRunner, PromptLogits
-from mindie.engine.scheduler import Scheduler
+from mindie.engine.scheduler import Scheduler, window_blocks
 from mindie.engine.sequence import Sequence, StepInfo
 from mindie.engine.stats import EngineStats
 from mindie.model.loader import LoadedModel
@@ -36,16 +36,22 @@ def kv_bytes_per_block(loaded: LoadedModel, block_size: int) -> int:
 
 
 def max_total_tokens(request: EngineRequest, width: int, limits: TokenLimits, blocks: BlockManager,
-                     max_position: int) -> int:
-    """Prompt + the most tokens the request may reach; ValueError if that leaves no output."""
+                     max_position: int, window_peak: int = 0) -> int:
+    """Prompt + the most tokens the request may reach; ValueError if that leaves no output.
+    `window_peak`: the most blocks a sequence holds at once on a model whose every layer slides
+    (scheduler.window_blocks; 0: no window, a sequence holds a block per block_size tokens)."""
     prompt_len = len(request.prompt_token_ids)
     params = request.params
     max_new = min(params.max_tokens or limits.max_iter_times, limits.max_iter_times)
     max_total = min(prompt_len + max_new, limits.max_seq_len, max_position)
     # All beams of a group must fit at once even sharing no block (as when they are recomputed
-    # after a preemption), so that a group alone in the pool always completes.
-    capacity = blocks.num_blocks // width * blocks.block_size
-    if max_total > capacity:
+    # after a preemption), so that a group alone in the pool always completes. A sequence that
+    # gives back what its window passed fits at any length once its window's blocks do; one
+    # handed off after its first step keeps every block for the export.
+    per_seq = blocks.num_blocks // width
+    capacity = per_seq * blocks.block_size
+    releases = 0 < window_peak <= per_seq and not request.handoff
+    if max_total > capacity and not releases:
         max_total = capacity
     if max_total <= prompt_len:
         raise ValueError(
@@ -63,19 +69,21 @@ class LLMEngine:
         num_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_mem_gb * 2**30) // kv_bytes_per_block(loaded, config.block_size)
         )
-        self.limits = config.limits(loaded.config.max_position, num_blocks * config.block_size)
+        window = loaded.config.kv_window
+        window_peak = window_blocks(window, config.block_size, config.max_prefill_tokens) if window else 0
+        self.limits = config.limits(loaded.config.max_position, num_blocks * config.block_size,
+                                    window_fits=0 < window_peak <= num_blocks)
         self.config = config.with_limits(self.limits)
         self.kv_cache_bytes = num_blocks * kv_bytes_per_block(loaded, config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(dataclasses.replace(config.scheduler_config(), window=loaded.config.kv_window),
-                                   self.blocks)
+        self.scheduler = Scheduler(dataclasses.replace(config.scheduler_config(), window=window), self.blocks)
         self.runner = ModelRunner(loaded.model, self.blocks)
         self.requests: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples or live beams
         self.eos_token_ids = frozenset(loaded.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         # Not a bound method: the parts must not refer back to the engine, so that a dropped engine
         # (and its KV cache) is freed at once rather than by a later cycle collection.
         self._max_total = functools.partial(max_total_tokens, limits=self.limits, blocks=self.blocks,
-                                            max_position=loaded.config.max_position)
+                                            max_position=loaded.config.max_position, window_peak=window_peak)
         vocab = loaded.config.vocab_size
         self.beams = BeamSearches(self.scheduler, self.requests, self.tokenizer, self.eos_token_ids, vocab)
         self.handoff = KVHandoff(self.blocks, self.scheduler, self.requests, self.tokenizer, vocab, self._max_total)

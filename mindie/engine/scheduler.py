@@ -208,7 +208,8 @@ class Scheduler:
             reuse = not seq.wants_prompt_logprobs
             cached = self.blocks.match_prefix(seq.cache_keys).num_tokens if reuse else 0
             n = self._chunk(len(seq.token_ids) - cached, budget) if prefills < self.config.max_prefill_batch_size else 0
-            reused = self.blocks.allocate(seq.seq_id, seq.cache_keys, cached + n, reuse_prefix=reuse)
+            reused = self.blocks.allocate(seq.seq_id, seq.cache_keys, cached + n, reuse_prefix=reuse,
+                                          window=self._release_window(seq))
             if reused is None:
                 for done in unit[: len(plans)]:
                     self.blocks.free(done.seq_id)
@@ -249,8 +250,21 @@ class Scheduler:
             seq = s.seq
             seq.num_computed_tokens += s.num_new_tokens
             self.blocks.commit(seq.seq_id, seq.cache_keys, seq.num_computed_tokens)
-            if self.config.window and not seq.request.handoff:
+            if self._release_window(seq):
                 self.blocks.release_before(seq.seq_id, seq.num_computed_tokens - self.config.window + 1)
+
+    def _release_window(self, seq: Sequence) -> int:
+        """The window behind which `seq` gives its blocks back; 0: it keeps them all (no window, or a
+        request handed off after its first step, whose export carries the whole prompt)."""
+        return 0 if seq.request.handoff else self.config.window
+
+
+def window_blocks(window: int, block_size: int, chunk: int) -> int:
+    """The most blocks a sequence that gives back what its window has passed holds at once: before a
+    step, the window - 1 keys its first query reads; the step adds at most `chunk` positions (its
+    token budget), a span that touches ceil((span - 1) / block_size) + 1 blocks at worst alignment.
+    A prefix-cache hit holds no more (BlockManager.allocate leaves the rest as holes)."""
+    return (window - 1 + chunk - 1 + block_size - 1) // block_size + 1
 
 
 def _width(unit: list[Sequence]) -> int:

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
+
+
+def every_layer_window(window: int | None, num_layers: int) -> dict[str, Any]:
+    """ModelConfig's window fields for a family whose every layer slides once it has a window
+    (Mistral, Mixtral, Phi-3: transformers masks each layer with config.sliding_window); 0 or None:
+    every layer global."""
+    window = int(window or 0)
+    return dict(sliding_window=window, sliding_layers=(True,) * num_layers if window else ())
 
 
 @dataclass(frozen=True)

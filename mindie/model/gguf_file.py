@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mindie.model.config import SUPPORTED_ARCHITECTURES, LongRope, ModelConfig
+from mindie.model.config import SUPPORTED_ARCHITECTURES, LongRope, ModelConfig, every_layer_window
 from mindie.model.fused import fused_parts, split_fused
 from mindie.model.gguf_header import GGUFHeader, read_header
 from mindie.model.moe import expert_name
@@ -58,6 +58,10 @@ _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weig
                      "ffn_up.weight": "mlp.gate_up_proj.weight"}
 # LongRoPE's factors, one per rotary frequency: read into the config, not weights
 _ROPE_FACTORS = {"long": "rope_factors_long.weight", "short": "rope_factors_short.weight"}
+# Architectures whose `attention.sliding_window` applies to every layer (0 or absent: none). llama.cpp's
+# converter writes it for Phi-3 only (a Mistral becomes `llama` without its window, and llama.cpp then
+# attends to every key); a file that carries it for llama / mistral gets the window transformers applies.
+_EVERY_LAYER_WINDOW = ("llama", "mistral", "phi3")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -136,6 +140,8 @@ def _config(path: str, header: GGUFHeader) -> ModelConfig:
         **_moe_fields(meta, names),
         **(_gemma3_fields(meta, hidden) if arch == "gemma3" else {}),
         **(_phi3_fields(meta, header) if arch == "phi3" else {}),
+        **(every_layer_window(meta("attention.sliding_window", 0), int(meta("block_count")))
+           if arch in _EVERY_LAYER_WINDOW else {}),
     )
 
 
@@ -193,7 +199,7 @@ def _gemma3_fields(meta: Callable[..., Any], hidden: int) -> dict[str, Any]:
 def _phi3_fields(meta: Callable[..., Any], header: GGUFHeader) -> dict[str, Any]:
     """Phi-3's ModelConfig fields as llama.cpp's converter writes them: rope.dimension_count (partial
     rotary), rope_factors_long / rope_factors_short with rope.scaling.original_context_length and
-    attn_factor (LongRoPE), attention.sliding_window on every layer (0: none, Phi-4)."""
+    attn_factor (LongRoPE); its window is _EVERY_LAYER_WINDOW's (0: none, Phi-4)."""
     factors = {kind: t for t in header.tensors for kind, name in _ROPE_FACTORS.items() if t.name == name}
     longrope = None
     if factors:
@@ -203,12 +209,9 @@ def _phi3_fields(meta: Callable[..., Any], header: GGUFHeader) -> dict[str, Any]
                        for k in ("short", "long"))
         longrope = LongRope(short, long, int(meta("rope.scaling.original_context_length")),
                             float(meta("rope.scaling.attn_factor", 1.0)))
-    window = int(meta("attention.sliding_window", 0))
     return dict(
         partial_rotary_dim=int(meta("rope.dimension_count", 0)),
         longrope=longrope,
-        sliding_window=window,
-        sliding_layers=(True,) * int(meta("block_count")) if window else (),
     )
 
 

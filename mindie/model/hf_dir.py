@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mindie.model.config import LongRope, ModelConfig
+from mindie.model.config import LongRope, ModelConfig, every_layer_window
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
@@ -19,6 +19,9 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", 
                   "Idefics3ForConditionalGeneration": "llama", "SmolVLMForConditionalGeneration": "llama",
                   # a Qwen2 language model beside mindie.model.qwen2_audio's audio encoder
                   "Qwen2AudioForConditionalGeneration": "qwen2"}
+# Architectures whose every layer attends within config.json's sliding_window, with the window
+# transformers' config class gives one that has no such key (MistralConfig: 4096; null: none).
+_EVERY_LAYER_WINDOW = {"MistralForCausalLM": 4096, "MixtralForCausalLM": None, "Phi3ForCausalLM": None}
 # Vision-language architectures: a Qwen2 language model plus mindie.model.qwen2_vl's vision tower
 VISION_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 
@@ -115,9 +118,8 @@ def _gemma3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _phi3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Phi-3 / Phi-4-mini's ModelConfig fields: partial rotary, LongRoPE (transformers 5's
-    rope_parameters, or rope_scaling with the older type names) and a sliding window on
-    every layer when the config has one (transformers then masks every layer with it)."""
+    """Phi-3 / Phi-4-mini's ModelConfig fields: partial rotary and LongRoPE (transformers 5's
+    rope_parameters, or rope_scaling with the older type names)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", "longrope", "su", "yarn"):  # Phi3Config reads su and yarn as longrope
@@ -125,7 +127,6 @@ def _phi3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
     heads = int(cfg["num_attention_heads"])
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
     partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
-    window = int(cfg.get("sliding_window") or 0)
     longrope = None
     if kind != "default":
         original = int(rope.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"])
@@ -140,8 +141,6 @@ def _phi3_fields(path: str, cfg: dict[str, Any]) -> dict[str, Any]:
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         partial_rotary_dim=int(head_dim * partial),
         longrope=longrope,
-        sliding_window=window,
-        sliding_layers=(True,) * int(cfg["num_hidden_layers"]) if window else (),
     )
 
 
@@ -160,6 +159,10 @@ def read_config(path: str) -> ModelConfig:
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope", None):
         raise ValueError(f"{path}: rope scaling {rope} is not supported yet")
     theta = extra.pop("rope_theta", None) or rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    windowed = next((n for n in names if n in _EVERY_LAYER_WINDOW), None)
+    if windowed:
+        extra.update(every_layer_window(cfg.get("sliding_window", _EVERY_LAYER_WINDOW[windowed]),
+                                        int(cfg["num_hidden_layers"])))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(cfg["vocab_size"]),

@@ -380,6 +380,31 @@ def test_release_before_leaves_holes_and_releases_as_free_does():
     assert m.num_free_blocks() == 8
 
 
+def test_a_windowed_prefix_hit_leaves_the_passed_blocks_out():
+    """With a window, a first allocation takes only the matched blocks its first query's window reads:
+    the rest enter as holes, unreferenced and still cached, yet count as reused tokens (not computed
+    again) and keep their hashes (later commits chain on). Without the window the same hit needs
+    more blocks than the pool has left."""
+    m = BlockManager(8, BS)
+    run(m, "a", toks(29), 29)  # blocks 0..6 full and committed, 7 partial
+    m.free("a")
+    assert counts(m) == (8, 0, 7)
+    before = state(m)
+    assert m.allocate("b", toks(60), 36) is None and state(m) == before  # 7 revived + 2 fresh > 8 free
+    assert m.allocate("b", toks(60), 36, window=10) == 28  # position 28 reads keys 19 on: blocks 4..6
+    # fresh: the free block 7, then the least recently freed cached one left (3: a freed its tail first)
+    assert m.block_table("b") == [HOLE] * 4 + [4, 5, 6, 7, 3] and m.num_released("b") == 4
+    assert counts(m) == (3, 5, 3) and m.prefix_hit_tokens == 28
+    m.check_invariants()
+    m.commit("b", toks(60), 36)  # positions 28..35 chain on the holes' hashes
+    parent = ROOT_HASH
+    for i in range(9):
+        parent = hash_block(parent, toks(60)[i * BS:(i + 1) * BS])
+    assert m._block_of[parent] == 3
+    m.free("b")
+    m.check_invariants()
+
+
 def test_released_blocks_go_back_to_the_free_list_without_caching():
     m = BlockManager(4, BS, enable_prefix_caching=False)
     run(m, "a", toks(12), 12)

@@ -3,7 +3,8 @@ once no later query reads them: the count of used blocks is exactly what the win
 tokens are those of the engine that keeps every block and of transformers, and a released block
 filled with NaN changes nothing (so no kernel reads it). Prefix caching, n > 1 samples, preemption,
 beam search and the C++ step of a GGUF keep their outputs; every block comes back at the end. A
-model with a global layer (Gemma 3) keeps them all: one block table serves every layer."""
+model with a global layer (Gemma 3) keeps them all: one block table serves every layer. A sequence
+longer than the whole cache runs on the tiny Mistral (window 10), as transformers runs it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from test_engine import run, tokens
 from mindie.config import EngineConfig
 from mindie.engine.engine import LLMEngine
 from mindie.engine.request import EngineRequest, RequestOutput, SamplingParams
+from mindie.engine.scheduler import window_blocks
 from mindie.model.loader import LoadedModel, load_model
 
 BS = 4
@@ -60,8 +62,9 @@ def greedy(max_tokens: int = NEW) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
 
 
-def test_the_model_configs_say_which_windows_release(tiny_phi3, tiny_gemma3, tiny_llama):
+def test_the_model_configs_say_which_windows_release(tiny_phi3, tiny_gemma3, tiny_llama, tiny_mistral):
     assert tiny_phi3.config.kv_window == 24 and all(tiny_phi3.config.sliding_layers)
+    assert tiny_mistral.config.kv_window == 10 and make_engine(tiny_mistral, True).scheduler.config.window == 10
     assert tiny_gemma3.config.sliding_window == 11 and tiny_gemma3.config.kv_window == 0  # a global layer
     assert tiny_llama.config.kv_window == 0
     assert make_engine(tiny_phi3, True).scheduler.config.window == 24
@@ -131,3 +134,54 @@ def test_beam_search_keeps_its_hypotheses(tiny_phi3):
     got = run(make_engine(tiny_phi3, True), [EngineRequest("b", PROMPT, params)])["b"]
     want = run(make_engine(tiny_phi3, False), [EngineRequest("b", PROMPT, params)])["b"]
     assert [(o.new_token_ids, o.beam_score) for o in got] == [(o.new_token_ids, o.beam_score) for o in want]
+
+
+# The tiny Mistral (window 10) on 8 blocks of 4 (32 tokens) in 8-token steps: a sequence holds at most
+# window_blocks(10, 4, 8) = 5 blocks however long it grows.
+SMALL_POOL = dict(num_kv_blocks=8, block_size=BS, max_prefill_tokens=8)
+LONG = [(11 * i + 5) % 250 for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def hf_mistral(tiny_mistral_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_mistral_dir, dtype=torch.float32).eval()
+
+
+def test_a_sequence_longer_than_the_cache_runs_within_its_window(tiny_mistral, hf_mistral):
+    """maxSeqLen is the model's 512, not the cache's 32 tokens (which refused this 40-token prompt
+    before): the sequence never holds more than its window's blocks, and its tokens and
+    log-probabilities are transformers'. A pool too small for the window, or a request handed off
+    (it keeps every block), is bounded by the cache as before."""
+    config = EngineConfig(**SMALL_POOL, enable_prefix_caching=False)
+    assert config.limits(512, 8 * BS).max_input_len == 31 < len(LONG)  # the cache-bound limit
+    engine = LLMEngine(tiny_mistral, config)
+    assert window_blocks(10, BS, 8) == 5 and engine.limits.max_seq_len == 512
+    engine.add_request(EngineRequest("r", LONG, greedy(30)))
+    outs: list[RequestOutput] = []
+    while engine.has_unfinished():
+        outs += engine.step()
+        assert engine.blocks.num_used_blocks() <= 5
+        poison_free_blocks(engine)
+    want, want_lp = hf_greedy(hf_mistral, LONG, 30)
+    assert tokens(outs) == want
+    assert max(abs(lp.logprob - w) for lp, w in zip((lp for o in outs for lp in o.new_logprobs), want_lp)) < 1e-3
+    with pytest.raises(ValueError, match="leaving no room for output"):
+        engine.add_request(EngineRequest("h", LONG, greedy(30), handoff=True))
+    small = LLMEngine(tiny_mistral, dataclasses.replace(config, num_kv_blocks=4))
+    assert small.limits.max_seq_len == 16
+    with pytest.raises(ValueError, match="maxInputTokenLen"):
+        small.add_request(EngineRequest("r", LONG, greedy(30)))
+
+
+def test_a_cached_prefix_longer_than_the_window_takes_only_the_window(tiny_mistral, hf_mistral):
+    """A 28-token prompt leaves 7 cached blocks; a prompt that starts with it reuses all 28 tokens
+    but takes only the blocks its window reads (all 7 revived plus this step's 2 would need 9 of
+    the 8): it runs, and its tokens are transformers'."""
+    engine = LLMEngine(tiny_mistral, EngineConfig(**SMALL_POOL))
+    run(engine, [EngineRequest("a", LONG[:28], greedy(1))])
+    assert engine.blocks.num_cached_blocks() == 7
+    got = run(engine, [EngineRequest("b", LONG, greedy(30))])["b"]
+    assert engine.blocks.prefix_hit_tokens == 28
+    assert tokens(got) == hf_greedy(hf_mistral, LONG, 30)[0]

@@ -15,10 +15,10 @@ import torch
 from mindie.model import gguf_file
 from mindie.model.hf_dir import read_weights
 
-# Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes (Mixtral as llama,
-# with experts); it permutes the q/k rows of llama models only.
-GGUF_ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "mixtral": "llama",
-                      "gemma3_text": "gemma3", "phi3": "phi3"}
+# Hugging Face model_type -> the GGUF architecture llama.cpp's converter writes (Mistral and Mixtral
+# as llama, Mixtral with experts); it permutes the q/k rows of llama models only.
+GGUF_ARCHITECTURES = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+                      "mixtral": "llama", "gemma3_text": "gemma3", "phi3": "phi3"}
 # llama.cpp's expert tensors: per MoE layer, one 3-D tensor per projection
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
 
@@ -121,7 +121,7 @@ def _write_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, for_llam
 
 def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
                for_llama_cpp: bool = False) -> Path:
-    """`hf_dir` (a Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma 3 or Phi-3 checkpoint) as a GGUF file; matrices in
+    """`hf_dir` (a Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma 3 or Phi-3 checkpoint) as a GGUF file; matrices in
     `matrix_type` (F32, or a block format the gguf package quantizes to), norms, biases and routers
     F32, as llama.cpp keeps them. `for_llama_cpp`: the tokenizer as llama.cpp's loader needs it (see
     _write_tokenizer; benchmarks/llamacpp_reads_test_ggufs.py), not as the tests read it."""
@@ -151,6 +151,9 @@ def write_gguf(hf_dir: Path, out: Path, matrix_type: gguf.GGMLQuantizationType =
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     if arch == "phi3":
         _add_phi3(w, cfg, head_dim)
+    if cfg["model_type"] == "mistral" and cfg.get("sliding_window"):
+        # llama.cpp's converter drops Mistral's window; the file carries it under the key Phi-3's uses
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     experts = cfg.get("num_experts") or cfg.get("num_local_experts")

@@ -69,6 +69,9 @@ PHI3 = dict(original_max_position_embeddings=32, sliding_window=24, tie_word_emb
             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
                              "short_factor": [1.0 + 0.1 * i for i in range(PHI3_ROTARY_HALF)],
                              "long_factor": [1.0 + 3.0 * i for i in range(PHI3_ROTARY_HALF)]})
+# Mistral v0.1's window on every layer, here 10: below the tests' prompts plus their generations and not
+# a multiple of their KV block sizes.
+MISTRAL = dict(sliding_window=10, rope_theta=10000.0, tie_word_embeddings=False)
 
 
 def write_byte_tokenizer(path: Path, specials: tuple[str, ...] = ("<s>", "</s>"), plain: tuple[str, ...] = (),
@@ -94,6 +97,8 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
         Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
         Phi3Config,
@@ -113,6 +118,8 @@ def make_tiny(path: Path, arch: str, seed: int) -> Path:
         model = Phi3ForCausalLM(Phi3Config(**TINY, **PHI3))
     elif arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**TINY, rope_theta=10000.0, tie_word_embeddings=False))
+    elif arch == "mistral":
+        model = MistralForCausalLM(MistralConfig(**TINY, **MISTRAL))
     elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**TINY, rope_theta=1000000.0, tie_word_embeddings=True))
     elif arch == "qwen3":  # head_dim 32 is not hidden / heads (16), as in the real models (128 against 64 or 80)

@@ -25,15 +25,16 @@ def prompts_for(vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (1, 5, 13, 30)]
 
 
-# (our model's fixture, the Hugging Face directory transformers loads): Qwen3, Qwen3-MoE and Mixtral
-# from their directories and from the GGUF files llama.cpp's converter would write of them.
+# (our model's fixture, the Hugging Face directory transformers loads): Qwen3, Qwen3-MoE, Mixtral and
+# the rest from their directories and from the GGUF files llama.cpp's converter would write of them.
 MODELS = [("tiny_llama", "tiny_llama_dir"), ("tiny_qwen2", "tiny_qwen2_dir"), ("tiny_qwen3", "tiny_qwen3_dir"),
           ("tiny_qwen3_from_gguf", "tiny_qwen3_dir"), ("tiny_qwen3_moe", "tiny_qwen3_moe_dir"),
           ("tiny_qwen3_moe_from_gguf", "tiny_qwen3_moe_dir"), ("tiny_mixtral", "tiny_mixtral_dir"),
           ("tiny_mixtral_from_gguf", "tiny_mixtral_dir"),
           ("tiny_gemma3", "tiny_gemma3_dir"),
           ("tiny_gemma3_from_gguf", "tiny_gemma3_dir"), ("tiny_phi3", "tiny_phi3_dir"),
-          ("tiny_phi3_from_gguf", "tiny_phi3_dir")]
+          ("tiny_phi3_from_gguf", "tiny_phi3_dir"), ("tiny_mistral", "tiny_mistral_dir"),
+          ("tiny_mistral_from_gguf", "tiny_mistral_dir")]
 
 
 @pytest.mark.parametrize("model,hf_dir", MODELS)
@@ -51,7 +52,7 @@ def test_tiny_models_match_transformers(model, hf_dir, chunk, block_size, reques
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_gemma3",
-                                   "tiny_phi3"])
+                                   "tiny_phi3", "tiny_mistral"])
 def test_batch_of_one_equals_batch_of_many(model, request):
     ours = request.getfixturevalue(model)
     prompts = prompts_for(ours.config.vocab_size)
@@ -60,15 +61,44 @@ def test_batch_of_one_equals_batch_of_many(model, request):
     assert together == alone
 
 
-def test_gemma3_parity_prompts_depend_on_the_window(tiny_gemma3_dir):
-    """The parity prompts run past the tiny Gemma 3's window: attending to every key instead moves its
-    log-probabilities far past the parity test's 1e-3, so that test checks the windowed attention."""
-    config, weights, _ = load_weights(str(tiny_gemma3_dir))
+@pytest.mark.parametrize("hf_dir", ["tiny_gemma3_dir", "tiny_mistral_dir"])
+def test_parity_prompts_depend_on_the_window(hf_dir, request):
+    """The parity prompts run past the tiny Gemma 3's and Mistral's windows: attending to every key
+    instead moves their log-probabilities far past the parity test's 1e-3, so that test checks the
+    windowed attention (and that transformers applies the window)."""
+    config, weights, _ = load_weights(str(request.getfixturevalue(hf_dir)))
     prompts = prompts_for(config.vocab_size)
     _, windowed = run_greedy(LlamaModel(config, weights, torch.float32), prompts, 16)
     _, unwindowed = run_greedy(LlamaModel(dataclasses.replace(config, sliding_window=0), weights, torch.float32),
                                prompts, 16)
     assert max(abs(a - b) for w, u in zip(windowed, unwindowed) for a, b in zip(w, u)) > 0.05
+
+
+@pytest.mark.parametrize("stored,window,gguf_window", [(10, 10, 10), (None, 0, 0), ("absent", 4096, 0)])
+def test_mistral_window_as_transformers_reads_it(stored, window, gguf_window, tiny_mistral_dir, tmp_path):
+    """Every layer of a Mistral slides with config.json's sliding_window; null (v0.2 on) is none, and a
+    config without the key has MistralConfig's 4096, as transformers reads it. A GGUF carries it as
+    llama.attention.sliding_window; one without the key (llama.cpp's converter writes none) has none."""
+    import json
+    import shutil
+
+    from helpers.tiny_gguf import write_gguf
+    from transformers import AutoConfig
+
+    from mindie.model.gguf_file import read_gguf
+    from mindie.model.hf_dir import read_config
+
+    path = shutil.copytree(tiny_mistral_dir, tmp_path / "mistral")
+    cfg = json.loads((path / "config.json").read_text())
+    if stored == "absent":
+        del cfg["sliding_window"]
+    else:
+        cfg["sliding_window"] = stored
+    (path / "config.json").write_text(json.dumps(cfg))
+    config = read_config(str(path))
+    assert (AutoConfig.from_pretrained(path).sliding_window or 0) == window
+    assert config.kv_window == window and config.sliding_layers == ((True,) * 2 if window else ())
+    assert read_gguf(str(write_gguf(path, tmp_path / "mistral.gguf"))).config.kv_window == gguf_window
 
 
 def test_phi3_parity_prompts_depend_on_the_long_factors_and_window(tiny_phi3_dir):

@@ -105,12 +105,13 @@ def q8_gguf(tmp_path_factory) -> Callable[[Path], Path]:
     return get
 
 
-@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_phi3"])
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral", "tiny_phi3", "tiny_mistral"])
 @pytest.mark.parametrize("source,quantization", [("gguf", "auto"), ("dir", "q8_0"), ("dir", "q4_0")])
 @pytest.mark.parametrize("dtype,form", DTYPE_FORMS)
 def test_quantized_follows_the_exact_path(family, q8_gguf, source, quantization, dtype, form, monkeypatch, request):
     """Qwen3 (q/k head norms in the C++ step), Qwen3-MoE and Mixtral (the MoE MLP in it), Phi-3 (its fused
-    matrices split by rows of blocks, partial rotary, LongRoPE, the window; prompts past 32) on the C++ step:
+    matrices split by rows of blocks, partial rotary, LongRoPE, the window; prompts past 32), Mistral (its
+    window of 10 on every layer, the GGUF's llama.attention.sliding_window) on the C++ step:
     a Q8_0 GGUF kept in its format, and the Hugging Face checkpoint quantized at load. With 8-bit
     weights: greedy-equal to the exact path until a near tie, teacher-forced perplexity within 1% of the
     exact path's and the same top-1 at 95% of positions (Qwen3: 0.36 with the q/k head norms left out)."""

@@ -243,3 +243,17 @@ def test_the_flag_picks_the_parser():
         assert settings_from_args(_parser().parse_args(["serve", "--reasoning-parser", name])).reasoning_parser == name
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "--reasoning-parser", "deepseek_r1"])
+
+
+def test_a_stop_string_in_the_reasoning_ends_the_reply_unanswered_as_vllm_does(qwen3_server, decode):
+    """Stop strings apply to the whole output text, reasoning included, as vLLM's detokenizer applies
+    them (vllm-project/vllm#52393, open: a stop string the reasoning writes ends the reply with
+    content None): the reply ends at the stop, its reasoning is the text before it, it has no content."""
+    free = decode(chat(qwen3_server, chat_template=OPENS, max_tokens=24)["choices"][0]["token_ids"])
+    stop = free[-2:]  # the reasoning's last two characters: first written some way into it
+    at = free.find(stop)
+    assert "</think>" not in free and 0 < at < len(free) - 2
+    reply = chat(qwen3_server, chat_template=OPENS, max_tokens=24, stop=[stop])["choices"][0]
+    assert reply["finish_reason"] == "stop"
+    assert reply["message"] == {"role": "assistant", "content": None, "reasoning_content": free[:at]}
+    assert stream(qwen3_server, chat_template=OPENS, max_tokens=24, stop=[stop]) == (free[:at], "")
