@@ -49,15 +49,11 @@ class Attention : AttentionView<Q, KV> {
   void build_work() {
     int64_t decode_rows = 0;
     for (int64_t s = 0; s < a_.num_seqs; ++s) decode_rows += query_len(s) == 1;
+    const int64_t threads = get_num_threads();
     int partition = a_.partition_size;
-    int head_groups = 1;  // decode items per sequence and key range, each over a range of kv heads
     if (partition <= 0) {
-      // Split long decode contexts only when the batch alone cannot keep every thread busy; if
-      // that still leaves a thread idle (short contexts), split the rows over kv head ranges too
-      // (exact: a head's sums do not change). Key ranges come first: each reads whole cache rows,
-      // where a head range reads a slice of every row. A batch-1 step otherwise runs its attention
-      // on one thread while the others wait, and fall asleep before the next projection.
-      const int64_t threads = get_num_threads(), want = 4 * threads;
+      // Split long decode contexts only when the batch alone cannot keep every thread busy.
+      const int64_t want = 4 * threads;
       const int64_t have = decode_rows;
       int64_t longest = 0;
       for (int64_t s = 0; s < a_.num_seqs; ++s)
@@ -66,11 +62,23 @@ class Attention : AttentionView<Q, KV> {
       if (have > 0 && have < want) {
         const int64_t splits = (want + have - 1) / have;
         partition = static_cast<int>(std::max<int64_t>(kMinPartition, (longest + splits - 1) / splits));
-        const int64_t items = have * ((longest + partition - 1) / partition);
-        if (items < threads) head_groups = static_cast<int>(std::min<int64_t>(a_.kv_heads, (threads + items - 1) / items));
       }
     }
     partition = std::max(partition, 1);
+    // If the items still leave a thread idle (a batch of one or two short contexts), each decode
+    // item is split over kv head ranges too. That is exact (a head's sums do not change), so it may
+    // depend on the batch where key ranges may not. Key ranges come first: each reads whole cache
+    // rows, where a head range reads a slice of every row. A batch-1 step otherwise runs its
+    // attention on one thread while the others wait, and fall asleep before the next projection.
+    int64_t items = 0;
+    for (int64_t s = 0; s < a_.num_seqs; ++s) {
+      const int q_len = query_len(s);
+      if (q_len == 1) items += (a_.seq_lens[s] - first_key(s) + partition - 1) / partition;
+      else if (q_len > 1) items += (q_len + query_tile() - 1) / query_tile() * a_.kv_heads;
+    }
+    const int head_groups = items > 0 && items < threads
+                                ? static_cast<int>(std::min<int64_t>(a_.kv_heads, (threads + items - 1) / items))
+                                : 1;
     for (int64_t s = 0; s < a_.num_seqs; ++s) {
       const int q_len = query_len(s);
       const int ctx = a_.seq_lens[s];

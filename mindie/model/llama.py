@@ -171,7 +171,8 @@ class LlamaModel:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in self.layers]
+        return [(ops.zeros_on_huge_pages(shape, self.dtype), ops.zeros_on_huge_pages(shape, self.dtype))
+                for _ in self.layers]
 
     @torch.inference_mode()
     def forward(

@@ -16,7 +16,7 @@ from collections import Counter
 
 import torch
 
-from mindie import _C
+from mindie import _C, ops
 from mindie.model.config import ModelConfig
 from mindie.model.llama import AttentionMetadata, layer_rope_tables, norm_names
 from mindie.model.moe import EXPERT_PROJECTIONS, expert_name, router_name
@@ -122,7 +122,7 @@ class QuantizedLlamaModel:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        caches = [(torch.zeros(shape, dtype=self.kv_dtype), torch.zeros(shape, dtype=self.kv_dtype))
+        caches = [(ops.zeros_on_huge_pages(shape, self.kv_dtype), ops.zeros_on_huge_pages(shape, self.kv_dtype))
                   for _ in range(c.num_layers)]
         dims = {
             "hidden": c.hidden_size, "intermediate": c.intermediate_size, "vocab": c.vocab_size,

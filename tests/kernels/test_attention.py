@@ -90,23 +90,25 @@ def test_small_batch_decode_splits_heads_and_context(isa, q_dtype, kv_dtype, kv_
     try:
         for t in (1, 2, 8):
             _C.set_num_threads(t)
-            check(batch)
+            for partition_size in (0, 256):  # 256: the fixed spans the model step uses
+                check(batch, partition_size)
     finally:
         _C.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
 def test_decode_row_does_not_depend_on_the_head_split(isa, q_dtype, kv_dtype):
-    """A decode row alone (its kv heads split over the threads) equals the same row in a batch large
-    enough that nothing is split, bit for bit: a head's sums are the same wherever it runs."""
+    """With the model step's fixed key spans, a decode row alone (its kv heads split over the threads)
+    equals the same row in a batch large enough that no row is split over heads, bit for bit: a
+    head's sums are the same wherever it runs."""
     gen = torch.Generator().manual_seed(10)
-    ctx = [200, 17, 64, 3, 99, 150, 31, 8, 120, 77]
+    ctx = [200, 17, 64, 3, 99, 700, 31, 8, 300, 77]
     batch = make_batch([1] * len(ctx), ctx, 16, 8, 64, 16, q_dtype, kv_dtype, gen)
-    together = ops.paged_attention(**batch)
+    together = ops.paged_attention(**batch, partition_size=256)
     for s in range(len(ctx)):
         alone = {**batch, "query": batch["query"][s:s + 1], "block_tables": batch["block_tables"][s:s + 1],
                  "query_start_loc": torch.tensor([0, 1], dtype=torch.int32), "seq_lens": batch["seq_lens"][s:s + 1]}
-        assert torch.equal(ops.paged_attention(**alone), together[s:s + 1]), s
+        assert torch.equal(ops.paged_attention(**alone, partition_size=256), together[s:s + 1]), s
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
