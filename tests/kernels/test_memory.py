@@ -7,7 +7,8 @@ from mindie.ops.memory import _HugePageArena
 
 
 def test_zeros_on_huge_pages_are_zeros_of_the_shape():
-    for shape, dtype in [((3, 5), torch.float32), ((64, 16, 8, 64), torch.bfloat16), ((600, 16, 4, 128), torch.float32)]:
+    cases = [((3, 5), torch.float32), ((64, 16, 8, 64), torch.bfloat16), ((600, 16, 4, 128), torch.float32)]
+    for shape, dtype in cases:
         t = ops.zeros_on_huge_pages(shape, dtype)
         assert t.shape == shape and t.dtype == dtype and t.is_contiguous()
         assert not t.any()
