@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -153,65 +153,28 @@ def tiny_qwen2(tiny_qwen2_dir: Path) -> LoadedModel:
     return load_model(str(tiny_qwen2_dir), dtype=torch.float32)
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3(tiny_qwen3_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_qwen3_dir), dtype=torch.float32)
+def _family_models(family: str) -> tuple[Callable[..., LoadedModel], Callable[..., LoadedModel]]:
+    """The fixtures tiny_<family> (its HF directory) and tiny_<family>_from_gguf (its F32 GGUF on
+    the exact path, quantization none), float32, one load a session each."""
+
+    @pytest.fixture(scope="session", name=f"tiny_{family}")
+    def from_dir(request: pytest.FixtureRequest) -> LoadedModel:
+        return load_model(str(request.getfixturevalue(f"tiny_{family}_dir")), dtype=torch.float32)
+
+    @pytest.fixture(scope="session", name=f"tiny_{family}_from_gguf")
+    def from_gguf(request: pytest.FixtureRequest) -> LoadedModel:
+        path = request.getfixturevalue(f"tiny_{family}_gguf")
+        return load_model(str(path), dtype=torch.float32, quantization="none")
+
+    return from_dir, from_gguf
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen3_from_gguf(tiny_qwen3_gguf: Path) -> LoadedModel:
-    """The F32 GGUF on the exact path (quantization none)."""
-    return load_model(str(tiny_qwen3_gguf), dtype=torch.float32, quantization="none")
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_moe(tiny_qwen3_moe_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_qwen3_moe_dir), dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_moe_from_gguf(tiny_qwen3_moe_gguf: Path) -> LoadedModel:
-    return load_model(str(tiny_qwen3_moe_gguf), dtype=torch.float32, quantization="none")
-
-
-@pytest.fixture(scope="session")
-def tiny_mixtral(tiny_mixtral_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_mixtral_dir), dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tiny_mixtral_from_gguf(tiny_mixtral_gguf: Path) -> LoadedModel:
-    return load_model(str(tiny_mixtral_gguf), dtype=torch.float32, quantization="none")
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma3(tiny_gemma3_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_gemma3_dir), dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma3_from_gguf(tiny_gemma3_gguf: Path) -> LoadedModel:
-    return load_model(str(tiny_gemma3_gguf), dtype=torch.float32, quantization="none")
-
-
-@pytest.fixture(scope="session")
-def tiny_phi3(tiny_phi3_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_phi3_dir), dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tiny_phi3_from_gguf(tiny_phi3_gguf: Path) -> LoadedModel:
-    return load_model(str(tiny_phi3_gguf), dtype=torch.float32, quantization="none")
-
-
-@pytest.fixture(scope="session")
-def tiny_mistral(tiny_mistral_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_mistral_dir), dtype=torch.float32)
-
-
-@pytest.fixture(scope="session")
-def tiny_mistral_from_gguf(tiny_mistral_gguf: Path) -> LoadedModel:
-    return load_model(str(tiny_mistral_gguf), dtype=torch.float32, quantization="none")
+tiny_qwen3, tiny_qwen3_from_gguf = _family_models("qwen3")
+tiny_qwen3_moe, tiny_qwen3_moe_from_gguf = _family_models("qwen3_moe")
+tiny_mixtral, tiny_mixtral_from_gguf = _family_models("mixtral")
+tiny_gemma3, tiny_gemma3_from_gguf = _family_models("gemma3")
+tiny_phi3, tiny_phi3_from_gguf = _family_models("phi3")
+tiny_mistral, tiny_mistral_from_gguf = _family_models("mistral")
 
 
 @pytest.fixture(scope="session")
