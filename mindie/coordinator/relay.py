@@ -34,8 +34,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mindie.coordinator.client_side import ClientGone, RelayStream, watching_client
+from mindie.coordinator.instances import Instance
 from mindie.coordinator.requests import State, Tracked
 from mindie.coordinator.service import Coordinator
+from mindie.pd.media import retry_names_held_media
 from mindie.pd.records import Record, RecordKind
 from mindie.server.errors import APIError
 from mindie.server.http import error_response
@@ -48,6 +50,7 @@ T = TypeVar("T")
 P_CONNECT_ATTEMPTS = 4  # MindIE's RequestRepeater tries to reach P four times
 RECOMPUTE_RETRY_S = 1.0  # MindIE's RetryDuplicateReqIdHandler: a refused recompute goes again after 1 s
 JSON = "application/json"
+MEDIA_GONE = 410  # P no longer holds a recompute's media (pd/media.py): asking it again cannot help
 HAND_OFF_FAILED = b"Send D request failed"  # in P's 500 when it could not hand the request to D (spec A.2)
 # Headers of the client's request that P needs to see as the client sent them.
 _FORWARDED = ("content-type", "accept", "authorization")
@@ -162,13 +165,13 @@ class Relay:
             self.tracked.state = State.FIRST_TOKEN_FINISH
             return reply
 
-    async def _schedule(self, since: float | None = None) -> None:
+    async def _schedule(self, since: float | None = None, prefer_p: Instance | None = None) -> None:
         """Picks the request's P and D, waiting up to schedule_timeout (from arrival, or from
-        `since` for a recompute or a start over) for a pair with room."""
+        `since` for a recompute or a start over) for a pair with room; `prefer_p` when it has room."""
         start = self.tracked.arrived if since is None else since
         deadline = start + self.cfg.schedule_timeout_s if self.cfg.schedule_timeout_s > 0 else None
         while True:
-            pair = self.coord.scheduler.pick(self.family, self.body)
+            pair = self.coord.scheduler.pick(self.family, self.body, prefer_p)
             if pair is not None:
                 break
             try:
@@ -279,8 +282,10 @@ class Relay:
         self.tracked.state = State.RETRY
         log.info("request %s was sent back by %s for recompute", self.tracked.req_id,
                  self.tracked.d.spec.name if self.tracked.d else "D")
+        # Only the P that handed the request over holds its media (a client body naming them by reference).
+        holder = self.tracked.p if retry_names_held_media(body) else None
         self._unschedule()
-        await self._schedule(since=time.monotonic())
+        await self._schedule(since=time.monotonic(), prefer_p=holder)
         deadline = self._deadline(self.cfg.infer_timeout_s)
         refusals = 0
         while True:
@@ -291,12 +296,12 @@ class Relay:
                 raise Failure(408, "Request inference timeout", stop=True) from None
             except _Forward as refused:
                 refusals += 1
-                if refusals > self.cfg.max_retry:
+                if refusals > self.cfg.max_retry or refused.response.status_code == MEDIA_GONE:
                     raise Failure(500, f"P instance refused the recompute: {refused.text}") from None
                 if refused.hand_off_failed:  # its D is gone: another pair at once
                     self._d_failed()
                     self._unschedule()
-                    await self._schedule(since=time.monotonic())
+                    await self._schedule(since=time.monotonic(), prefer_p=holder)
                 else:
                     await asyncio.sleep(RECOMPUTE_RETRY_S)
         self.tracked.state = State.FIRST_TOKEN_FINISH

@@ -43,11 +43,11 @@ class Scheduler:
         self.index = PrefixIndex()
         self._next = {Role.PREFILL: 0, Role.DECODE: 0}
 
-    def pick(self, family: Family, body: bytes) -> tuple[Instance, Instance] | None:
+    def pick(self, family: Family, body: bytes, prefer_p: Instance | None = None) -> tuple[Instance, Instance] | None:
         """A (P, D) pair with room for the request (its family and body), or None when either role
-        has none now."""
+        has none now. `prefer_p` is the P when it has room (a recompute's media are held there)."""
         prompt = prefixes(family.prompt(body) if self.algorithm == "cache_affinity" else None)
-        p = self._pick(Role.PREFILL, prompt)
+        p = self._pick(Role.PREFILL, prompt, prefer_p)
         d = self._pick(Role.DECODE, None) if p is not None else None
         if p is None or d is None:
             return None
@@ -64,7 +64,7 @@ class Scheduler:
             if inst is None or not inst.schedulable:
                 self.index.forget(inst_id)
 
-    def _pick(self, role: Role, prompt: Prefixes | None) -> Instance | None:
+    def _pick(self, role: Role, prompt: Prefixes | None, prefer: Instance | None = None) -> Instance | None:
         ordered = sorted(self.registry.of_role(role), key=lambda i: i.id)
         if not ordered:
             return None
@@ -74,9 +74,11 @@ class Scheduler:
         if not candidates:
             return None
         chosen = candidates[0]
-        if self.algorithm != "round_robin":
+        if prefer in candidates:
+            chosen = prefer
+        elif self.algorithm != "round_robin":
             chosen = max(candidates, key=_free)  # max keeps the first of equals: round robin among ties
-        if prompt is not None and prompt.hashes:
+        if prompt is not None and prompt.hashes and prefer not in candidates:
             chosen = self._affine(candidates, prompt, chosen)
         self._next[role] = ordered.index(chosen) + 1
         return chosen

@@ -128,6 +128,7 @@ ROUTES: list[RouteSpec] = [_family_route(s) for s in served()] + PROBES + [
 DMI_ROUTES: list[RouteSpec] = [
     RouteSpec(INTERCOMM, "POST", "/pd/v1/decode", decode.decode),
     RouteSpec(INTERCOMM, "POST", "/pd/v1/release", dmi.release),
+    RouteSpec(INTERCOMM, "POST", "/pd/v1/finished", dmi.finished),
 ]
 
 

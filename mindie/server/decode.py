@@ -178,6 +178,8 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
         if not resumed:
             ctx.engine.submit(DropReserved(req_id))
             ctx.forget(req_id)
+        if retry is None and params.media is not None:  # no recompute will need the media P holds
+            await _tell_p(ctx, node, params, "/pd/v1/finished")
     if retry is not None:  # only now: the req-id is free here again when the recompute comes back
         log.info("request %s was preempted: sent back for recompute", req_id)
         try:
@@ -191,12 +193,18 @@ async def _run(ctx: Serving, node: PDNode, params: DecodeParams, request: Engine
 async def _release(ctx: Serving, node: PDNode, params: DecodeParams) -> None:
     """Tells P it may free the blocks, whether the pull worked or not (P's lease covers a lost
     release)."""
+    await _tell_p(ctx, node, params, "/pd/v1/release")
+
+
+async def _tell_p(ctx: Serving, node: PDNode, params: DecodeParams, path: str) -> None:
+    """POSTs {"reqId"} to P's `path`; a failure is only logged: what P holds for the request has
+    its own time limit there."""
     host, _, port = params.p_node_addr.rpartition(":")
     try:
-        await post_json(host, int(port), "/pd/v1/release", {"reqId": params.req_id}, node.token,
+        await post_json(host, int(port), path, {"reqId": params.req_id}, node.token,
                         ctx.settings.kv_trans_timeout_s, ctx.settings.host)
     except (PeerError, ValueError) as exc:
-        log.warning("request %s: release to %s failed: %s", params.req_id, params.p_node_addr, exc)
+        log.warning("request %s: %s to %s failed: %s", params.req_id, path, params.p_node_addr, exc)
 
 
 async def _emit(node: PDNode, params: DecodeParams, call: Call, renderer: Renderer, results: list[Result],

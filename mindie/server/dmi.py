@@ -30,6 +30,7 @@ from starlette.routing import compile_path
 
 from mindie.engine.commands import ReleaseKV
 from mindie.pd.http import TOKEN_HEADER
+from mindie.pd.media import HeldBodies
 from mindie.pd.tcp_transport import TCPTransport
 from mindie.pd.transport import KVArena, KVLayout
 from mindie.server.dresult import DResultDispatcher
@@ -108,6 +109,7 @@ class PDNode:
         # one knows the requests it had here are gone (the instance restarted).
         self.epoch = secrets.token_hex(8)
         self.leases: dict[str, tuple[str, asyncio.TimerHandle]] = {}  # P: req-id -> (lease id, expiry)
+        self.held_media = HeldBodies()  # P: bodies with media handed to D, for a recompute to read them again
         self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
         self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
         self.early_stops: dict[str, float] = {}  # D: req-id -> until when a stop that came before P's call holds
@@ -198,7 +200,9 @@ class PDNode:
         """stopInfer: a request whose KV is still on its way is dropped when it arrives. The
         coordinator stops P and D at once, so the stop may also come before P has handed the
         request over (P between its first token and its call to D): that call is then refused,
-        for as long as P's lease could make it (2 x kv_trans_timeout)."""
+        for as long as P's lease could make it (2 x kv_trans_timeout). On P the request is over:
+        the media it held for a recompute go."""
+        self.held_media.drop(req_id)
         if req_id in self.decoding:
             self.stopped.add(req_id)
         elif self.is_decode:
@@ -287,17 +291,33 @@ async def set_role(ctx: Any, request: Request, body: bytes) -> Response:
     return json_response({"result": "OK"})
 
 
-async def release(ctx: Any, request: Request, body: bytes) -> Response:
-    """POST /pd/v1/release {"reqId"} (interCommPort): D is done with the blocks, pulled or not."""
-    node = _node(ctx)
-    node.check_token(request)
+def _req_id(body: bytes) -> str:
+    """The req-id of a {"reqId"} body; 422 if it is not one."""
     try:
         req_id = json.loads(body)["reqId"]
         if not isinstance(req_id, str):
             raise TypeError
     except (ValueError, KeyError, TypeError):
         raise APIError(422, "the body must be {\"reqId\": \"<req-id>\"}", "reqId") from None
+    return req_id
+
+
+async def release(ctx: Any, request: Request, body: bytes) -> Response:
+    """POST /pd/v1/release {"reqId"} (interCommPort): D is done with the blocks, pulled or not."""
+    node = _node(ctx)
+    node.check_token(request)
+    req_id = _req_id(body)
     return json_response({"reqId": req_id, "released": node.release(req_id)})
+
+
+async def finished(ctx: Any, request: Request, body: bytes) -> Response:
+    """POST /pd/v1/finished {"reqId"} (interCommPort): the request ended on D other than by a
+    recompute, so the media P held for one go."""
+    node = _node(ctx)
+    node.check_token(request)
+    req_id = _req_id(body)
+    node.held_media.drop(req_id)
+    return json_response({"reqId": req_id})
 
 
 def _node(ctx: Any) -> PDNode:

@@ -32,9 +32,10 @@ from starlette.responses import Response
 
 from mindie.engine.request import Continuation
 from mindie.pd.http import PeerError, post_json
+from mindie.pd.media import MediaGone, redact
 from mindie.pd.params import DecodeParams
 from mindie.pd.recompute import Recompute, RecomputeError, read_retry
-from mindie.server.dmi import parse_headers
+from mindie.server.dmi import PDNode, parse_headers
 from mindie.server.errors import APIError
 from mindie.server.http import json_response
 from mindie.server.protocols.base import Call, Renderer, dumps
@@ -70,10 +71,10 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     template = route[0].template if route else request.url.path
     recompute = _read_recompute(template, body) if headers.recompute else None
     if recompute is not None:
-        body = recompute.body
+        body = _restore_media(node, headers.req_id, recompute.body)
     call, renderer = await parse(ctx, body, request.path_params)
     try:
-        text = body.decode()  # D gets the body as a JSON string
+        text, has_media = redact(body)  # D gets the body as a JSON string, its media named, not sent
     except UnicodeDecodeError:
         raise APIError(422, "the request body must be UTF-8 on a prefill node") from None
     replayed: list[Result] = []
@@ -99,6 +100,7 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     begin = recompute is None  # a recompute's stream began long ago
     export = items[-1][1].output.kv
     if export is None:
+        node.held_media.drop(headers.req_id)  # a recompute that ended here: no D will send it back
         return _envelope(headers.req_id, call.stream, _whole(call, renderer, results, items, begin), last=True)
     # The request goes on at D: to its renderers (here and there) this output is not its last.
     k, last = items[-1]
@@ -106,6 +108,8 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
     output = _events(renderer, results, items, begin) if call.stream else None
     handle = node.transport.publish(headers.req_id, export.block_ids)
     node.hold(headers.req_id, export.lease_id)
+    if has_media:  # before D has it: a recompute D sends back reads the media from here
+        node.held_media.hold(headers.req_id, body)
     first_items = before + [i for _, i in items]
     item = items[-1][1]
     params = DecodeParams(
@@ -122,11 +126,13 @@ async def prefill(ctx: Serving, request: Request, body: bytes, parse: Parse) -> 
                                         node.token, ctx.settings.kv_trans_timeout_s, ctx.settings.host)
     except PeerError as exc:
         node.release(headers.req_id)
+        node.held_media.drop(headers.req_id)
         node.link(headers.d_host, False)
         log.warning("request %s: decode call to %s:%s failed: %s", headers.req_id, headers.d_host, headers.d_port, exc)
         raise APIError(500, f"[P Node] Send D request failed:{exc}") from None
     if status != 200 or not isinstance(reply, dict) or reply.get("isValidDecodeParameters") is not True:
         node.release(headers.req_id)
+        node.held_media.drop(headers.req_id)
         if status in (401, 403, 409):  # token, peer list or KV layout: D refuses every request from here
             node.link(headers.d_host, False)
         why = reply.get("errorMessage") if isinstance(reply, dict) else None
@@ -140,6 +146,15 @@ def _read_recompute(template: str, body: bytes) -> Recompute:
         return read_retry(template, body)
     except RecomputeError as exc:
         raise APIError(400, f"is-recompute: {exc}", "is-recompute") from None
+
+
+def _restore_media(node: PDNode, req_id: str, body: bytes) -> bytes:
+    """The client's body behind a recompute's: its media as the client sent them. 410 naming
+    is-recompute when this node no longer holds them (a coordinator gives up on it at once)."""
+    try:
+        return node.held_media.restore(req_id, body)
+    except MediaGone as exc:
+        raise APIError(410, f"is-recompute: {exc}", "is-recompute") from None
 
 
 def _continue(call: Call, recompute: Recompute) -> Call:

@@ -268,3 +268,19 @@ def test_a_p_that_stops_answering_its_status_poll_is_forgotten(monkeypatch: pyte
             assert c.coord.scheduler.index.size(p.id) == 0
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("algorithm", ["round_robin", "load_balance", "cache_affinity"])
+def test_a_preferred_p_is_picked_while_it_has_room(algorithm: str) -> None:
+    """A recompute whose media one P holds goes back to it, whatever the algorithm would choose."""
+    m = InMemory(algorithm)
+    body = json.dumps({"inputs": "x" * 3 * CHUNK_CHARS}).encode()
+    chosen = m.send(NATIVE, json.loads(body))
+    other = next(p for p in m.prefills if p is not chosen)
+    for _ in range(3):
+        pair = m.scheduler.pick(NATIVE, body, prefer_p=other)
+        assert pair is not None and pair[0] is other
+    m.scheduler.limit = 2
+    m.wait_on(other, 2)
+    pair = m.scheduler.pick(NATIVE, body, prefer_p=other)
+    assert pair is not None and pair[0] is chosen  # full: another P (which answers 410 if it must)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from fakes import FakeInstance, cluster, event, is_stream, until
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from mindie.pd.media import reference
+from mindie.pd.recompute import CONTINUATION_KEY
 from mindie.pd.records import RecordKind
 
 ROUTES = [("/infer", {"inputs": "hi"}), ("/infer_token", {"inputs": [1, 2]}), ("/generate", {"inputs": "hi"}),
@@ -194,10 +197,12 @@ def test_error_record_fails_a_whole_request_with_500() -> None:
     run(scenario())
 
 
-def _recomputing(refusals: int = 0):  # type: ignore[no-untyped-def]
+def _recomputing(refusals: int = 0, client_body: Any = None, refusal: int = 400):  # type: ignore[no-untyped-def]
     """P's side of a request its D sends back once: the first call hands off ("A", then D's "B"
-    and retry:); the recompute (is-recompute: true, the retry body) answers "C" and its D "D", "E".
-    The recompute is refused `refusals` times first (say, the req-id still held on P)."""
+    and retry:, with `client_body` as its continuation's body if given); the recompute
+    (is-recompute: true, the retry body) answers "C" and its D "D", "E". The recompute is refused
+    (HTTP `refusal`) `refusals` times first (say, the req-id still held on P)."""
+    cont = {} if client_body is None else {CONTINUATION_KEY: {"body": json.dumps(client_body)}}
     left = [refusals]
 
     async def script(p: FakeInstance, request: Request, body: bytes) -> Response:
@@ -206,13 +211,14 @@ def _recomputing(refusals: int = 0):  # type: ignore[no-untyped-def]
         if request.headers.get("is-recompute") != "true":
             if stream:
                 d.emit(rid, RecordKind.DATA, event("B", path))
-            d.emit(rid, RecordKind.RETRY, json.dumps({"inputs": "1,5,7", "stream": stream}))
+            d.emit(rid, RecordKind.RETRY, json.dumps({"inputs": "1,5,7", "stream": stream, **cont}))
             first = {"isLastResp": False, "output": event("A", path).decode()} if stream else {}
             return JSONResponse({"reqId": rid, "isStream": stream, **first})
         assert json.loads(body)["inputs"] == "1,5,7"
         if left[0]:
             left[0] -= 1
-            return JSONResponse({"error": "req-id in use", "error_type": "Input Validation Error"}, status_code=400)
+            return JSONResponse({"error": "req-id in use", "error_type": "Input Validation Error"},
+                                status_code=refusal)
         if stream:
             d.emit(rid, RecordKind.DATA, event("D", path))
             d.emit(rid, RecordKind.LAST_DATA, event("E", path))
@@ -254,6 +260,36 @@ def test_a_refused_recompute_is_sent_again_after_a_second_then_given_up() -> Non
             head, _, last = reply.content.rpartition(b"\n\ndata: ")
             assert head + b"\n\n" == event("A") + event("B")
             assert json.loads(last)["error"].startswith("P instance refused the recompute: ")
+
+    run(scenario())
+
+
+# What a decode node got, and sends back in its retry:, for a client's image: a reference.
+MEDIA_BODY = {"inputs": [{"type": "image_url", "image_url": reference("image", "data:image/png;base64,AAAA")}]}
+
+
+def test_a_recompute_naming_held_media_goes_back_to_the_p_that_holds_them() -> None:
+    async def scenario() -> None:
+        async with cluster(n_p=2, algorithm="round_robin") as c:
+            for p in c.prefills:
+                p.script = _recomputing(client_body=MEDIA_BODY)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x"})
+            assert reply.status_code == 200 and reply.content == b'{"whole": "ABCDE"}'
+            first, again = (headers for _, headers, _ in c.prefills[0].requests)
+            assert again["req-id"] == first["req-id"] and again["is-recompute"] == "true"
+            assert c.prefills[1].requests == []  # round robin's next P holds no media of it
+
+    run(scenario())
+
+
+def test_a_recompute_whose_media_p_no_longer_holds_is_not_asked_again() -> None:
+    async def scenario() -> None:
+        async with cluster() as c:  # max_retry=2: a 400 would be asked twice more, a second apart
+            c.prefills[0].script = _recomputing(refusals=1, client_body=MEDIA_BODY, refusal=410)
+            reply = await c.client.post(c.url + "/infer", json={"inputs": "x"}, timeout=10)
+            assert reply.status_code == 500
+            assert reply.json()["error"].startswith("P instance refused the recompute: ")
+            assert len(c.prefills[0].requests) == 2  # the hand-off and one recompute
 
     run(scenario())
 
