@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import torch
@@ -32,6 +33,16 @@ def memory_read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
     x = torch.ones(nbytes // 4, dtype=torch.float32)
     best = min(bench(lambda: x.sum(), min_time=0.0, warmup=1) for _ in range(repeats))
     return nbytes / best
+
+
+def cpu_summary() -> str:
+    """The CPU's model name and which of the ISA extensions our kernels use it has."""
+    info = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    isa: list[str] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    isa += sorted(f for f in flags if f.startswith("amx"))
+    return f"{name}; ISA: {' '.join(isa) or 'none of avx2/avx512f/avx512_vnni/avx512_bf16/amx'}"
 
 
 def fmt_ms(seconds: float) -> str:

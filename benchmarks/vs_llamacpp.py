@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from common import free_port, memory_read_bandwidth
+from common import cpu_summary, free_port, memory_read_bandwidth
 
 from mindie import _C, LLM, SamplingParams
 from mindie.engine.request import EngineRequest
@@ -46,15 +46,6 @@ def figures(streams: list[int]) -> list[tuple[str, str]]:
         out += [(f"http{n}", f"{n} HTTP streams {HTTP_IN}/{HTTP_OUT} (out tok/s)"),
                 (f"ttft{n}", f"{n} HTTP streams, TTFT p50 (s)")]
     return out
-
-
-def cpu_summary() -> str:
-    info = Path("/proc/cpuinfo").read_text()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    isa: list[str] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
-    isa += sorted(f for f in flags if f.startswith("amx"))
-    return f"{name}; ISA: {' '.join(isa) or 'none of avx2/avx512f/avx512_vnni/avx512_bf16/amx'}"
 
 
 def random_ids(n: int, seed: int, vocab: int) -> list[int]:
