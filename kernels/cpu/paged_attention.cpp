@@ -49,11 +49,10 @@ class Attention : AttentionView<Q, KV> {
   void build_work() {
     int64_t decode_rows = 0;
     for (int64_t s = 0; s < a_.num_seqs; ++s) decode_rows += query_len(s) == 1;
-    const int64_t threads = get_num_threads();
     int partition = a_.partition_size;
     if (partition <= 0) {
       // Split long decode contexts only when the batch alone cannot keep every thread busy.
-      const int64_t want = 4 * threads;
+      const int64_t want = 4LL * get_num_threads();
       const int64_t have = decode_rows;
       int64_t longest = 0;
       for (int64_t s = 0; s < a_.num_seqs; ++s)
@@ -65,20 +64,6 @@ class Attention : AttentionView<Q, KV> {
       }
     }
     partition = std::max(partition, 1);
-    // If the items still leave a thread idle (a batch of one or two short contexts), each decode
-    // item is split over kv head ranges too. That is exact (a head's sums do not change), so it may
-    // depend on the batch where key ranges may not. Key ranges come first: each reads whole cache
-    // rows, where a head range reads a slice of every row. A batch-1 step otherwise runs its
-    // attention on one thread while the others wait, and fall asleep before the next projection.
-    int64_t items = 0;
-    for (int64_t s = 0; s < a_.num_seqs; ++s) {
-      const int q_len = query_len(s);
-      if (q_len == 1) items += (a_.seq_lens[s] - first_key(s) + partition - 1) / partition;
-      else if (q_len > 1) items += (q_len + query_tile() - 1) / query_tile() * a_.kv_heads;
-    }
-    const int head_groups = items > 0 && items < threads
-                                ? static_cast<int>(std::min<int64_t>(a_.kv_heads, (threads + items - 1) / items))
-                                : 1;
     for (int64_t s = 0; s < a_.num_seqs; ++s) {
       const int q_len = query_len(s);
       const int ctx = a_.seq_lens[s];
@@ -89,10 +74,8 @@ class Attention : AttentionView<Q, KV> {
         if (parts > 1) merges_.push_back({static_cast<int32_t>(s), num_parts_, parts});
         for (int p = 0; p < parts; ++p) {
           const int64_t slot = parts > 1 ? num_parts_ + p : -1;
-          for (int g = 0; g < head_groups; ++g)
-            work_.push_back({static_cast<int32_t>(s), g * a_.kv_heads / head_groups,
-                             (g + 1) * a_.kv_heads / head_groups, lo + p * partition,
-                             std::min(ctx, lo + (p + 1) * partition), slot});
+          work_.push_back({static_cast<int32_t>(s), 0, a_.kv_heads, lo + p * partition,
+                           std::min(ctx, lo + (p + 1) * partition), slot});
         }
         if (parts > 1) num_parts_ += parts;
       } else {
@@ -102,10 +85,32 @@ class Attention : AttentionView<Q, KV> {
             work_.push_back({static_cast<int32_t>(s), h, h + 1, i0, std::min(q_len, i0 + tile), -1});
       }
     }
+    split_decode_over_heads();
     // Longest work first, so the dynamic schedule does not end on one straggler.
     std::stable_sort(work_.begin(), work_.end(), [&](const WorkItem& x, const WorkItem& y) {
       return cost(x) > cost(y);
     });
+  }
+
+  // If the items leave a thread idle (a batch of one or two short contexts), each decode item is
+  // split over kv head ranges too. That is exact (a head's sums do not change), so it may depend on
+  // the batch where key ranges may not; key ranges come first because each reads whole cache rows,
+  // where a head range reads a slice of every row. A batch-1 step otherwise runs its attention on
+  // one thread while the others wait, and fall asleep before the next projection.
+  void split_decode_over_heads() {
+    const int64_t threads = get_num_threads(), items = static_cast<int64_t>(work_.size());
+    if (items == 0 || items >= threads) return;
+    const int groups = static_cast<int>(std::min<int64_t>(a_.kv_heads, (threads + items - 1) / items));
+    std::vector<WorkItem> split;
+    for (const WorkItem& w : work_) {
+      if (w.part < 0 && query_len(w.seq) > 1) {
+        split.push_back(w);
+        continue;
+      }
+      for (int g = 0; g < groups; ++g)
+        split.push_back({w.seq, g * a_.kv_heads / groups, (g + 1) * a_.kv_heads / groups, w.begin, w.end, w.part});
+    }
+    work_ = std::move(split);
   }
 
   // The first key a decode query (the sequence's last position) sees.
