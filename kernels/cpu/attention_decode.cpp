@@ -92,10 +92,12 @@ class Decode : AttentionView<Q, KV> {
                            by_rows ? 0 : calls * (n + (n + 1) / 2));
       const BlockRows rows{key_row(w.seq, b0, 0), value_row(w.seq, b0, 0), n, token, &ahead};
       if (by_rows) {
-        decode_rows_dispatch(rows, head_begin, head_end, qf, s, sm);
+        with_head_vectors([&](auto dv) { decode_rows<decltype(dv)::value>(rows, head_begin, head_end, qf, s, sm); });
       } else if (fixed) {
-        for (int head0 = head_begin; head0 < head_end; head0 += 4)
-          decode_fixed_dispatch(rows, head0, std::min(4, head_end - head0), qf, s, sm);
+        with_head_vectors([&](auto dv) {
+          for (int head0 = head_begin; head0 < head_end; head0 += 4)
+            decode_fixed_gc<decltype(dv)::value>(rows, head0, std::min(4, head_end - head0), qf, s, sm);
+        });
       } else {
         for (int h = w.kv_head; h < w.kv_head_end; ++h)
           for (int g0 = 0; g0 < G; g0 += 4) decode_general(rows, h, h * G + g0, std::min(4, G - g0), qf, s, sm);
@@ -168,13 +170,13 @@ class Decode : AttentionView<Q, KV> {
     return false;
   }
 
-  // Heads [head_begin, head_end) over one block segment, when fixed_head_dim() and not bf16_dot().
-  void decode_rows_dispatch(const BlockRows& rows, int head_begin, int head_end, const float* qf, float* s,
-                            OnlineSoftmax& sm) const {
+  // f(std::integral_constant<int, DV>{}) with DV the vectors a head's row fills, when fixed_head_dim().
+  template <class F>
+  void with_head_vectors(F&& f) const {
     constexpr int W = VecF::W;
     if constexpr (W >= 4) {
-      if (D_ == 4 * W) decode_rows<4>(rows, head_begin, head_end, qf, s, sm);
-      else decode_rows<8>(rows, head_begin, head_end, qf, s, sm);
+      if (D_ == 4 * W) f(std::integral_constant<int, 4>{});
+      else f(std::integral_constant<int, 8>{});
     }
   }
 
@@ -242,15 +244,6 @@ class Decode : AttentionView<Q, KV> {
   }
 
   // Heads head0..head0+gc-1 (gc <= 4), when fixed_head_dim().
-  void decode_fixed_dispatch(const BlockRows& rows, int head0, int gc, const float* qf, float* s,
-                             OnlineSoftmax& sm) const {
-    constexpr int W = VecF::W;
-    if constexpr (W >= 4) {
-      if (D_ == 4 * W) decode_fixed_gc<4>(rows, head0, gc, qf, s, sm);
-      else decode_fixed_gc<8>(rows, head0, gc, qf, s, sm);
-    }
-  }
-
   template <int DV>
   void decode_fixed_gc(const BlockRows& rows, int head0, int gc, const float* qf, float* s, OnlineSoftmax& sm) const {
 #if MINDIE_BF16_DOT
