@@ -75,6 +75,30 @@ def test_text_turns_render_through_a_parts_only_template(server):
     assert prompt.startswith("System: Be brief.\n\n") and '"name": "look"' in prompt
 
 
+def test_continue_final_message_through_a_parts_only_template(server):
+    """The final message's text reaches SmolVLM's template as a part: the prompt ends where that
+    part's text ends, and the model goes on writing it. A final message that ends in an image is refused."""
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "My favourite is"}]
+    whole = httpx.post(f"{server.url}/tokenize", timeout=60,
+                       json={"messages": messages, "add_generation_prompt": False}).json()["tokens"]
+    cut = httpx.post(f"{server.url}/tokenize", timeout=60, json={
+        "messages": messages, "add_generation_prompt": False, "continue_final_message": True}).json()["tokens"]
+    assert whole[: len(cut)] == cut and len(cut) < len(whole)
+    assert server.ctx.tokenizer.decode(cut) == "User: Name a colour.\nAssistant: My favourite is"
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-idefics3", "messages": messages, "max_tokens": 2, "temperature": 0, "return_token_ids": True,
+        "add_generation_prompt": False, "continue_final_message": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_token_ids"] == cut
+    ends_in_image = [{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                                  {"type": "image_url", "image_url": data_uri()}]}]
+    r = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-idefics3", "messages": ends_in_image, "max_tokens": 1,
+        "add_generation_prompt": False, "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
+    assert server.ctx.engine.engine.scheduler.blocks.num_used_blocks() == 0
+
+
 def test_video_parts_are_refused_naming_the_model(server):
     r = chat(server, [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "/a.mp4"}}]}])
     assert (r.status_code, r.json()["error"]["message"]) == (400, (

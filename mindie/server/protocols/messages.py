@@ -177,11 +177,14 @@ def _template_content(ctx: Serving, content: str | list[ContentPart] | None, fie
 
 
 def _cut_after_final(pieces: list[str], plain: list[dict[str, Any]], final: int) -> list[str]:
-    """`pieces` (template text and message markers, alternating) up to the final message's text."""
+    """`pieces` (template text and message markers, alternating) up to the final message's text: its
+    content, or its last part where the template reads parts (which must then be a text part)."""
     where = f"messages[{len(plain) - 1}].content"
-    if not isinstance(plain[-1].get("content"), str) or not final >= 0:
-        raise APIError(422, f"continue_final_message needs the final message to have text content ({where})",
-                       where)
+    content = plain[-1].get("content")
+    ends_in_text = isinstance(content, str) or (isinstance(content, list) and bool(content)
+                                                and content[-1].get("type") == "text")
+    if not ends_in_text or final < 0:
+        raise APIError(422, f"continue_final_message needs the final message to end in text ({where})", where)
     marks = [k for k in range(1, len(pieces), 2) if int(pieces[k]) == final]
     if not marks:
         raise APIError(422, "continue_final_message: the chat template does not render the final message",
