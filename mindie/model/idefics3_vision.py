@@ -3,12 +3,8 @@ position embeddings, pre-LN transformer layers, post layer norm) and the connect
 scale_factor, a linear projection to the language model's width), as transformers'
 Idefics3VisionTransformer and Idefics3Connector compute them for one whole tile. It runs in the
 model's dtype, as transformers runs a checkpoint's encoder (bfloat16 matrix products on the AMX
-tiles; layer norms and attention keep float32 inside their kernels, as there).
-
-torch runs the matrix products (q, k and v as one) and the attention; the C++ kernels the rest:
-each residual add fused with the layer norm after it, GELU in place on fc1's output. Every value is
-rounded to the dtype where transformers rounds it, but the norms and GELU round from float32 values
-computed another way, so a bfloat16 output may differ from transformers' in its last bit."""
+tiles; layer norms and attention keep float32 inside their kernels, as there); the layers are
+model/encoder_layers.py's, as Whisper's."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mindie import ops
+from mindie.model.encoder_layers import EncoderLayer, run_layers
 from mindie.model.hf_dir import take_weight
 
 # hidden_act -> ops.gelu_'s approximate
@@ -67,17 +63,10 @@ class VisionEncoder:
         self.patch_w = take(p + "embeddings.patch_embedding.weight")
         self.patch_b = take(p + "embeddings.patch_embedding.bias")
         self.positions = take(p + "embeddings.position_embedding.weight")
-        self.layers = []
-        for i in range(config.num_layers):
-            q = f"{p}encoder.layers.{i}."
-            layer = {n: take(q + n) for n in (
-                "layer_norm1.weight", "layer_norm1.bias", "layer_norm2.weight", "layer_norm2.bias",
-                *(f"self_attn.out_proj.{k}" for k in ("weight", "bias")),
-                *(f"mlp.{m}.{k}" for m in ("fc1", "fc2") for k in ("weight", "bias")))}
-            # q, k and v as one matrix product: one pass over the normed rows instead of three
-            for k in ("weight", "bias"):
-                layer[f"self_attn.qkv.{k}"] = torch.cat([take(f"{q}self_attn.{m}_proj.{k}") for m in "qkv"])
-            self.layers.append(layer)
+        names = {"norm1": "layer_norm1", "norm2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2",
+                 **{m: f"self_attn.{m}_proj" for m in ("q", "k", "v", "out")}}
+        self.layers = [EncoderLayer.load(take, {k: f"{p}encoder.layers.{i}.{v}" for k, v in names.items()})
+                       for i in range(config.num_layers)]
         self.post_norm = take(p + "post_layernorm.weight"), take(p + "post_layernorm.bias")
         self.projection = take("model.connector.modality_projection.proj.weight")
 
@@ -99,35 +88,8 @@ class VisionEncoder:
         rows, cols = x.shape[2:]
         # the residual stream, row-major for the kernels (the sum takes the patches' transposed layout)
         x = (x.flatten(2).transpose(1, 2)[0] + self.positions[self.position_ids(rows, cols)]).contiguous()
-        n, d, heads, eps = rows * cols, c.hidden_size, c.num_heads, c.layer_norm_eps
-        act = ACTIVATIONS[c.hidden_act]
-        h, y = torch.empty_like(x), torch.empty_like(x)  # a layer norm's output; a block's output
-        qkv = x.new_empty((n, 3 * d))
-        mlp = x.new_empty((n, self.layers[0]["mlp.fc1.weight"].shape[0]))
-        ops.layer_norm(x, self.layers[0]["layer_norm1.weight"], self.layers[0]["layer_norm1.bias"], eps, out=h)
-        next_norms = [(w["layer_norm1.weight"], w["layer_norm1.bias"]) for w in self.layers[1:]] + [self.post_norm]
-        for w, next_norm in zip(self.layers, next_norms):
-            torch.addmm(w["self_attn.qkv.bias"], h, w["self_attn.qkv.weight"].t(), out=qkv)
-            # [1, heads, patches, head_dim] views: torch's fused attention takes 4-D inputs only (3-D
-            # ones take the unfused path, which rounds differently from transformers' call)
-            q, k, v = qkv.view(1, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, d)
-            self._narrow_addmm(w["self_attn.out_proj.bias"], a, w["self_attn.out_proj.weight"], y)
-            ops.layer_norm(y, w["layer_norm2.weight"], w["layer_norm2.bias"], eps, residual=x, out=h)
-            torch.addmm(w["mlp.fc1.bias"], h, w["mlp.fc1.weight"].t(), out=mlp)
-            ops.gelu_(mlp, act)
-            self._narrow_addmm(w["mlp.fc2.bias"], mlp, w["mlp.fc2.weight"], y)
-            ops.layer_norm(y, *next_norm, eps, residual=x, out=h)
-        return F.linear(self._pixel_shuffle(h, rows, cols), self.projection)
-
-    def _narrow_addmm(self, bias: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
-        """out = x @ weight.T + bias for a product with hidden-wide output rows. In bfloat16 it runs as
-        two products of half the rows: torch 2.13's oneDNN keeps one of two cores idle on a [1024, 768]
-        one (out_proj and fc2 take 1.6-1.9x as long whole, on a 2-core Sapphire Rapids); float32
-        products use both cores either way, and run whole."""
-        blocks = 2 if self.dtype == torch.bfloat16 else 1
-        for rows, out_rows in zip(x.chunk(blocks), out.chunk(blocks)):
-            torch.addmm(bias, rows, weight.t(), out=out_rows)
+        x = run_layers(x, self.layers, c.num_heads, c.layer_norm_eps, ACTIVATIONS[c.hidden_act], self.post_norm)
+        return F.linear(self._pixel_shuffle(x, rows, cols), self.projection)
 
     def _pixel_shuffle(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
         """[rows * cols, D] -> [rows * cols / s^2, D * s^2]: each s x s block of patches as one row,

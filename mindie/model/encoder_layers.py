@@ -1,0 +1,83 @@
+"""The pre-norm transformer layer that SigLIP (Idefics3 / SmolVLM's vision encoder) and Whisper
+(Qwen2-Audio's audio encoder) share: x += attention(LN1(x)); x += fc2(gelu(fc1(LN2(x)))).
+
+torch runs the matrix products (q, k and v as one, each with its bias, into buffers allocated once
+per call) and the attention; the C++ kernels the rest: each residual add fused with the layer norm
+that follows it, GELU in place on fc1's output. Every value is rounded to the dtype where
+transformers rounds it, but the norms and GELU compute their float32 values another way, so a
+bfloat16 output may differ from transformers' in its last bits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mindie import ops
+
+Affine = tuple[torch.Tensor, torch.Tensor]  # (weight, bias) of a layer norm or a linear map
+
+
+@dataclass(frozen=True)
+class EncoderLayer:
+    norm1: Affine
+    qkv: Affine  # q, k and v projections stacked: [3 * hidden, hidden], [3 * hidden]
+    out: Affine
+    norm2: Affine
+    fc1: Affine
+    fc2: Affine
+
+    @staticmethod
+    def load(take: Callable[[str], torch.Tensor], names: dict[str, str]) -> EncoderLayer:
+        """From a checkpoint: `names` maps norm1, q, k, v, out, norm2, fc1, fc2 to the layer's module
+        names (their .weight and .bias are read; a projection without a bias, Whisper's k_proj, adds 0)."""
+
+        def affine(part: str) -> Affine:
+            weight = take(names[part] + ".weight")
+            try:
+                return weight, take(names[part] + ".bias")
+            except KeyError:
+                return weight, weight.new_zeros(weight.shape[0])
+
+        q, k, v = (affine(m) for m in "qkv")
+        return EncoderLayer(affine("norm1"), (torch.cat([q[0], k[0], v[0]]), torch.cat([q[1], k[1], v[1]])),
+                            affine("out"), affine("norm2"), affine("fc1"), affine("fc2"))
+
+
+def _addmm_narrow(linear: Affine, x: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x @ weight.T + bias for a product with hidden-wide output rows. In bfloat16 it runs as
+    two products of half the rows: torch 2.13's oneDNN keeps one of two cores idle on a [1024, 768]
+    one (out_proj and fc2 take 1.6-1.9x as long whole, on a 2-core Sapphire Rapids); float32
+    products use both cores either way, and run whole."""
+    blocks = 2 if x.dtype == torch.bfloat16 else 1
+    for rows, out_rows in zip(x.chunk(blocks), out.chunk(blocks)):
+        torch.addmm(linear[1], rows, linear[0].t(), out=out_rows)
+
+
+def run_layers(x: torch.Tensor, layers: list[EncoderLayer], heads: int, eps: float, gelu: str,
+               final_norm: Affine | None) -> torch.Tensor:
+    """x [rows, hidden] (contiguous; the residual stream, updated in place) through `layers`, GELU
+    with ops.gelu_'s `approximate`; returns final_norm(x), or x where there is none."""
+    n, d = x.shape
+    h, y = torch.empty_like(x), torch.empty_like(x)  # a layer norm's output; a block's output
+    qkv = x.new_empty((n, 3 * d))
+    mlp = x.new_empty((n, layers[0].fc1[0].shape[0]))
+    ops.layer_norm(x, *layers[0].norm1, eps, out=h)
+    for i, w in enumerate(layers):
+        torch.addmm(w.qkv[1], h, w.qkv[0].t(), out=qkv)
+        # [1, heads, rows, head_dim] views: torch's fused attention takes 4-D inputs only (3-D ones
+        # take the unfused path, which rounds differently from transformers' call)
+        q, k, v = qkv.view(1, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, d)
+        _addmm_narrow(w.out, a, y)
+        ops.layer_norm(y, *w.norm2, eps, residual=x, out=h)
+        torch.addmm(w.fc1[1], h, w.fc1[0].t(), out=mlp)
+        ops.gelu_(mlp, gelu)
+        _addmm_narrow(w.fc2, mlp, y)
+        next_norm = layers[i + 1].norm1 if i + 1 < len(layers) else final_norm
+        if next_norm is None:
+            return x.add_(y)
+        ops.layer_norm(y, *next_norm, eps, residual=x, out=h)
+    return h
