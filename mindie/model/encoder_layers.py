@@ -46,12 +46,16 @@ class EncoderLayer:
                             affine("out"), affine("norm2"), affine("fc1"), affine("fc2"))
 
 
-def _addmm_narrow(linear: Affine, x: torch.Tensor, out: torch.Tensor) -> None:
-    """out = x @ weight.T + bias for a product with hidden-wide output rows. In bfloat16 it runs as
-    two products of half the rows: torch 2.13's oneDNN keeps one of two cores idle on a [1024, 768]
-    one (out_proj and fc2 take 1.6-1.9x as long whole, on a 2-core Sapphire Rapids); float32
-    products use both cores either way, and run whole."""
-    blocks = 2 if x.dtype == torch.bfloat16 else 1
+# bfloat16 products (rows, output width, torch threads) that torch 2.13's oneDNN runs on one core of
+# two, measured on a 2-core Sapphire Rapids: SmolVLM's out_proj and fc2 on a 512 px tile take 1.6-1.9x
+# as long as two products of half the rows. Width 768 at 512, 1536 or 2048 rows, and widths 1024 to
+# 1280 (Idefics3's SigLIP, Whisper) at 200 to 2048 rows, run best whole there.
+_HALVED = {(1024, 768, 2)}
+
+
+def _addmm(linear: Affine, x: torch.Tensor, out: torch.Tensor) -> None:
+    """out = x @ weight.T + bias."""
+    blocks = 2 if x.dtype == torch.bfloat16 and (*out.shape, torch.get_num_threads()) in _HALVED else 1
     for rows, out_rows in zip(x.chunk(blocks), out.chunk(blocks)):
         torch.addmm(linear[1], rows, linear[0].t(), out=out_rows)
 
@@ -66,16 +70,16 @@ def run_layers(x: torch.Tensor, layers: list[EncoderLayer], heads: int, eps: flo
     mlp = x.new_empty((n, layers[0].fc1[0].shape[0]))
     ops.layer_norm(x, *layers[0].norm1, eps, out=h)
     for i, w in enumerate(layers):
-        torch.addmm(w.qkv[1], h, w.qkv[0].t(), out=qkv)
+        _addmm(w.qkv, h, qkv)
         # [1, heads, rows, head_dim] views: torch's fused attention takes 4-D inputs only (3-D ones
         # take the unfused path, which rounds differently from transformers' call)
         q, k, v = qkv.view(1, n, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, d)
-        _addmm_narrow(w.out, a, y)
+        _addmm(w.out, a, y)
         ops.layer_norm(y, *w.norm2, eps, residual=x, out=h)
-        torch.addmm(w.fc1[1], h, w.fc1[0].t(), out=mlp)
+        _addmm(w.fc1, h, mlp)
         ops.gelu_(mlp, gelu)
-        _addmm_narrow(w.fc2, mlp, y)
+        _addmm(w.fc2, mlp, y)
         next_norm = layers[i + 1].norm1 if i + 1 < len(layers) else final_norm
         if next_norm is None:
             return x.add_(y)
