@@ -40,15 +40,14 @@ void layer_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, py:
   kc::layer_norm(args);
 }
 
-template <void (*Kernel)(const kc::GeluArgs&)>
-void gelu(py::handle out_obj, py::handle x_obj) {
+void gelu_tanh(py::handle out_obj, py::handle x_obj) {
   Tensor out(out_obj, "out"), x(x_obj, "x");
   x.expect_ndim(2).expect_inner_contiguous(1);
   const DType dtype = x.float_dtype();
   const int64_t out_stride = check_rows(out, x.size(0), x.size(1), dtype);
   kc::GeluArgs args{out.data(), x.data(), x.size(0), x.size(1), x.stride(0), out_stride, dtype};
   py::gil_scoped_release nogil;
-  Kernel(args);
+  kc::gelu_tanh(args);
 }
 
 }  // namespace
@@ -58,10 +57,8 @@ void bind_encoder(py::module_& m) {
         py::arg("eps"), py::arg("residual") = py::none(),
         "out = layer_norm(x) * weight + bias over rows [rows, hidden]; with residual: residual += x first "
         "(stored in place, in its dtype) and the sum is normalised. out may be x.");
-  m.def("gelu_tanh", &gelu<kc::gelu_tanh>, py::arg("out"), py::arg("x"),
+  m.def("gelu_tanh", &gelu_tanh, py::arg("out"), py::arg("x"),
         "out = gelu(x, approximate='tanh') over [rows, n]; out may be x.");
-  m.def("gelu_erf", &gelu<kc::gelu_erf>, py::arg("out"), py::arg("x"),
-        "out = gelu(x) (the erf form) over [rows, n]; out may be x.");
 }
 
 }  // namespace mindie::host

@@ -71,42 +71,20 @@ void layer_norm_rows(const LayerNormArgs& a) {
   });
 }
 
-struct GeluTanh {
-  static VecF apply(VecF x) { return x / (VecF::set1(1.f) + VecF::exp(VecF::zero() - gelu_tanh_2y(x))); }
-};
-
-// x / 2 (1 + erf(x / sqrt 2)) = max(x, 0) - |x| / 2 erfc(|x| / sqrt 2): no cancellation for x < 0.
-// erfc(u) for u >= 0 by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7), the polynomial
-// torch's vectorized erf uses.
-struct GeluErf {
-  static VecF apply(VecF x) {
-    const VecF ax = VecF::max(x, VecF::zero() - x);
-    const VecF u = ax * VecF::set1(0.70710678118654752f);
-    const VecF t = VecF::set1(1.f) / VecF::fma(VecF::set1(0.3275911f), u, VecF::set1(1.f));
-    VecF p = VecF::fma(VecF::set1(1.061405429f), t, VecF::set1(-1.453152027f));
-    p = VecF::fma(p, t, VecF::set1(1.421413741f));
-    p = VecF::fma(p, t, VecF::set1(-0.284496736f));
-    p = VecF::fma(p, t, VecF::set1(0.254829592f));
-    const VecF erfc = p * t * VecF::exp(VecF::zero() - u * u);
-    return VecF::max(x, VecF::zero()) - VecF::set1(0.5f) * ax * erfc;
-  }
-};
-
-template <typename Act, typename T>
-void gelu_rows(const GeluArgs& a) {
+template <typename T>
+void gelu_tanh_rows(const GeluArgs& a) {
   const int n = static_cast<int>(a.n);
   parallel_for(a.rows, 4, [&](int64_t begin, int64_t end) {
+    const VecF one = VecF::set1(1.f), zero = VecF::zero();
     for (int64_t r = begin; r < end; ++r) {
       const T* x = static_cast<const T*>(a.x) + r * a.x_stride;
       T* out = static_cast<T*>(a.out) + r * a.out_stride;
-      for_each_piece(n, [&](int i, int k) { store_n(Act::apply(load_n(x + i, k)), out + i, k); });
+      for_each_piece(n, [&](int i, int k) {
+        const VecF v = load_n(x + i, k);
+        store_n(v / (one + VecF::exp(zero - gelu_tanh_2y(v))), out + i, k);
+      });
     }
   });
-}
-
-template <typename Act>
-void gelu(const GeluArgs& a) {
-  a.dtype == DType::kFloat32 ? gelu_rows<Act, float>(a) : gelu_rows<Act, bf16_t>(a);
 }
 
 }  // namespace
@@ -117,8 +95,9 @@ void layer_norm(const LayerNormArgs& a) {
   else w32 ? layer_norm_rows<bf16_t, float>(a) : layer_norm_rows<bf16_t, bf16_t>(a);
 }
 
-void gelu_tanh(const GeluArgs& a) { gelu<GeluTanh>(a); }
-void gelu_erf(const GeluArgs& a) { gelu<GeluErf>(a); }
+void gelu_tanh(const GeluArgs& a) {
+  a.dtype == DType::kFloat32 ? gelu_tanh_rows<float>(a) : gelu_tanh_rows<bf16_t>(a);
+}
 
 }  // namespace MINDIE_ISA_NS
 }  // namespace mindie::kernels::cpu

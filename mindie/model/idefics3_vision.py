@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from mindie.model.encoder_layers import EncoderLayer, run_layers
 from mindie.model.hf_dir import take_weight
 
-# hidden_act -> ops.gelu_'s approximate
+# hidden_act -> F.gelu's approximate
 ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 

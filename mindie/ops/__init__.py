@@ -6,7 +6,7 @@ sampling); callers use them through this package, as ``ops.paged_attention``.
 """
 
 from mindie.ops.attention import copy_blocks, paged_attention, reshape_and_cache
-from mindie.ops.encoder import gelu_, layer_norm
+from mindie.ops.encoder import gelu_tanh_, layer_norm
 from mindie.ops.layers import gelu_tanh_and_mul, head_rms_norm, linear, rms_norm, rotary_embedding, silu_and_mul
 from mindie.ops.memory import zeros_on_huge_pages
 from mindie.ops.moe import moe_combine, moe_route
@@ -39,7 +39,7 @@ __all__ = [
     "rotary_embedding",
     "silu_and_mul",
     "gelu_tanh_and_mul",
-    "gelu_",
+    "gelu_tanh_",
     "layer_norm",
     "moe_combine",
     "moe_route",

@@ -1,5 +1,5 @@
 """The media encoders' per-token layers: LayerNorm (optionally fused with the residual add before
-it) and GELU, each one pass over rows that torch covers with several ops and dtype copies."""
+it) and the tanh GELU, each one pass over rows that torch covers with several ops and dtype copies."""
 
 from __future__ import annotations
 
@@ -25,12 +25,7 @@ def layer_norm(
     return out
 
 
-def gelu_(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    """``F.gelu(x, approximate=...)`` in place on ``x`` [rows, n] (``'tanh'`` or ``'none'``, the erf form)."""
-    if approximate == "tanh":
-        _C.gelu_tanh(x, x)
-    elif approximate == "none":
-        _C.gelu_erf(x, x)
-    else:
-        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+def gelu_tanh_(x: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(x, approximate='tanh')`` in place on ``x`` [rows, n]."""
+    _C.gelu_tanh(x, x)
     return x

@@ -16,5 +16,5 @@ def layer_norm(
     return out.to(x.dtype), residual
 
 
-def gelu(x: torch.Tensor, approximate: str) -> torch.Tensor:
-    return F.gelu(x.float(), approximate=approximate).to(x.dtype)
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x.float(), approximate="tanh").to(x.dtype)
