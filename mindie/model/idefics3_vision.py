@@ -3,8 +3,8 @@ position embeddings, pre-LN transformer layers, post layer norm) and the connect
 scale_factor, a linear projection to the language model's width), as transformers'
 Idefics3VisionTransformer and Idefics3Connector compute them for one whole tile. It runs in the
 model's dtype, as transformers runs a checkpoint's encoder (bfloat16 matrix products on the AMX
-tiles; layer norms and attention keep float32 inside their kernels, as there); the layers are
-model/encoder_layers.py's, as Whisper's."""
+tiles; layer norms and attention keep float32 inside their kernels, as there); the layers run in
+model/encoder_layers.py."""
 
 from __future__ import annotations
 

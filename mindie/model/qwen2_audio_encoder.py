@@ -8,7 +8,7 @@ kernels, as there).
 transformers runs the whole 30 s window and masks the padding positions out of the attention's
 keys; a kept position's output depends only on the kept positions, so only those are run here
 (the padding positions' outputs are dropped there anyway). Same values, a fraction of the work
-for a short clip. The layers are model/encoder_layers.py's, as SigLIP's.
+for a short clip.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mindie.model.encoder_layers import EncoderLayer, run_layers
 from mindie.model.qwen2_audio_processor import AudioInput
 
 
@@ -50,13 +49,8 @@ class AudioEncoder:
                  ) -> None:
         self.config = config
         self.dtype = dtype
-        tower = {k.removeprefix("audio_tower."): v.to(dtype) for k, v in weights.items()
-                 if k.startswith("audio_tower.")}
-        names = {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm", "fc1": "fc1", "fc2": "fc2",
-                 **{m: f"self_attn.{m}_proj" for m in ("q", "k", "v", "out")}}
-        self.layers = [EncoderLayer.load(tower.__getitem__, {k: f"layers.{i}.{v}" for k, v in names.items()})
-                       for i in range(config.layers)]
-        self.w = {k: v for k, v in tower.items() if not k.startswith("layers.")}  # convolutions, positions, norm
+        self.w = {k.removeprefix("audio_tower."): v.to(dtype) for k, v in weights.items()
+                  if k.startswith("audio_tower.")}
         self.proj_w = weights["multi_modal_projector.linear.weight"].to(dtype)
         self.proj_b = weights["multi_modal_projector.linear.bias"].to(dtype)
 
@@ -70,7 +64,23 @@ class AudioEncoder:
         x = F.gelu(F.conv1d(x, w["conv1.weight"], w["conv1.bias"], padding=1))
         x = F.gelu(F.conv1d(x, w["conv2.weight"], w["conv2.bias"], stride=2, padding=1))
         h = x[0, :, :n].T * (c.d_model**0.5 if c.scale_embedding else 1.0) + w["embed_positions.weight"][:n]
-        h = run_layers(h.contiguous(), self.layers, c.heads, c.eps, "none", None)  # Whisper's GELU: the erf form
+        heads, hd = c.heads, c.d_model // c.heads
+        for i in range(c.layers):
+            p = f"layers.{i}."
+            y = F.layer_norm(h, (c.d_model,), w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"],
+                             c.eps)
+            q = F.linear(y, w[p + "self_attn.q_proj.weight"], w[p + "self_attn.q_proj.bias"])
+            k = F.linear(y, w[p + "self_attn.k_proj.weight"])  # Whisper's k_proj has no bias
+            v = F.linear(y, w[p + "self_attn.v_proj.weight"], w[p + "self_attn.v_proj.bias"])
+            # [1, heads, n, head_dim]: torch's fused attention takes 4-D inputs only (3-D ones take
+            # the unfused path, which rounds differently from transformers' call)
+            q, k, v = (t.view(1, n, heads, hd).transpose(1, 2) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(n, c.d_model)
+            h = h + F.linear(a, w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
+            y = F.layer_norm(h, (c.d_model,), w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"], c.eps)
+            y = F.linear(F.gelu(F.linear(y, w[p + "fc1.weight"], w[p + "fc1.bias"])), w[p + "fc2.weight"],
+                         w[p + "fc2.bias"])
+            h = h + y
         h = F.avg_pool1d(h.T[None], 2, 2)[0].T[: audio.num_tokens]
         h = F.layer_norm(h, (c.d_model,), w["layer_norm.weight"], w["layer_norm.bias"], c.eps)
         return F.linear(h, self.proj_w, self.proj_b)
