@@ -1,4 +1,5 @@
-// Per-token layers of the media encoders (SigLIP, Whisper): LayerNorm and the tanh GELU, one pass each over a GEMM's output where torch spends several ops (and dtype copies) on them.
+// Per-token layers of the media encoders (SigLIP's): LayerNorm and the tanh GELU, one pass each over a
+// GEMM's output where torch spends several ops (and dtype copies) on them.
 // Every rounding to bfloat16 sits where the reference PyTorch module rounds; the math inside is float32.
 #pragma once
 
