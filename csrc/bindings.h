@@ -16,6 +16,7 @@ void bind_token_mask(py::module_& m);
 void bind_quant(py::module_& m);
 void bind_forward(py::module_& m);
 void bind_moe(py::module_& m);
+void bind_encoder(py::module_& m);
 
 // A GGUF block-quantized matrix over data [rows, row_bytes] uint8 with `cols` values per row; or,
 // with packed_rows >= 0, a matrix of packed_rows rows packed in panels (pack_panels), whose data is

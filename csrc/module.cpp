@@ -10,7 +10,7 @@
 namespace kc = mindie::kernels::cpu;
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "mindie CPU kernels: paged attention, KV-cache writes, sampling, beam search, layers, token masks, "
+  m.doc() = "mindie CPU kernels: paged attention, KV-cache writes, sampling, beam search, layers, encoder layers, token masks, "
            "quantized matmuls, the Llama forward step";
   mindie::host::bind_cache(m);
   mindie::host::bind_attention(m);
@@ -22,6 +22,7 @@ PYBIND11_MODULE(_C, m) {
   mindie::host::bind_quant(m);
   mindie::host::bind_forward(m);
   mindie::host::bind_moe(m);
+  mindie::host::bind_encoder(m);
 
   m.def("set_num_threads", [](int n) {
     if (n < 1) throw pybind11::value_error("num_threads must be >= 1");

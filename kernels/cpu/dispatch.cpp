@@ -12,6 +12,7 @@
 
 #include "cpu/beam_search.h"
 #include "cpu/dot_peak.h"
+#include "cpu/encoder_layers.h"
 #include "cpu/kv_cache.h"
 #include "cpu/layers.h"
 #include "cpu/linear.h"
@@ -42,6 +43,7 @@ namespace mindie::kernels::cpu {
   MINDIE_SAMPLING_KERNELS(X)   \
   MINDIE_BEAM_SEARCH_KERNELS(X) \
   MINDIE_LAYER_KERNELS(X)       \
+  MINDIE_ENCODER_KERNELS(X)     \
   MINDIE_MOE_KERNELS(X)         \
   MINDIE_LINEAR_KERNELS(X)       \
   MINDIE_QUANT_KERNELS(X)        \

@@ -117,10 +117,8 @@ struct SiluGate {
   static float z(float x) { return x; }
 };
 struct GeluTanhGate {
-  static constexpr float kA = 1.5957691216057308f;  // 2 sqrt(2 / pi)
-  static constexpr float kB = 0.044715f * kA;
-  static VecF z(VecF x) { return x * VecF::fma(VecF::set1(kB), x * x, VecF::set1(kA)); }
-  static float z(float x) { return x * (kA + kB * x * x); }
+  static VecF z(VecF x) { return gelu_tanh_2y(x); }
+  static float z(float x) { return gelu_tanh_2y(x); }
 };
 
 template <typename Gate, typename T>

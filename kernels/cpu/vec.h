@@ -294,6 +294,15 @@ inline void load_scaled(float* dst, const T* src, float scale, int n) {
   if (i < n) (VecF::load_partial(src + i, n - i) * s).store_partial(dst + i, n - i);
 }
 
+// gelu_tanh(x) = x / 2 (1 + tanh(y)) = x * sigmoid(2 y) with y = sqrt(2 / pi) (x + 0.044715 x^3):
+// this is 2 y, so callers take the sigmoid with VecF::exp (which clamps: no NaN in the far tails).
+constexpr float kGeluTanhA = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+constexpr float kGeluTanhB = 0.044715f * kGeluTanhA;
+inline VecF gelu_tanh_2y(VecF x) {
+  return x * VecF::fma(VecF::set1(kGeluTanhB), x * x, VecF::set1(kGeluTanhA));
+}
+inline float gelu_tanh_2y(float x) { return x * (kGeluTanhA + kGeluTanhB * x * x); }
+
 // In place x[i] = exp(x[i] - m); returns the sum.
 inline float exp_sub_sum(float* x, float m, int n) {
   constexpr int W = VecF::W;

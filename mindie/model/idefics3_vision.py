@@ -3,7 +3,8 @@ position embeddings, pre-LN transformer layers, post layer norm) and the connect
 scale_factor, a linear projection to the language model's width), as transformers'
 Idefics3VisionTransformer and Idefics3Connector compute them for one whole tile. It runs in the
 model's dtype, as transformers runs a checkpoint's encoder (bfloat16 matrix products on the AMX
-tiles; layer norms and attention keep float32 inside their kernels, as there)."""
+tiles; layer norms and attention keep float32 inside their kernels, as there); the layers run in
+model/encoder_layers.py."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mindie.model.encoder_layers import EncoderLayer, run_layers
 from mindie.model.hf_dir import take_weight
 
-ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
+# hidden_act -> F.gelu's approximate
+ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 
 @dataclass(frozen=True)
@@ -60,13 +63,10 @@ class VisionEncoder:
         self.patch_w = take(p + "embeddings.patch_embedding.weight")
         self.patch_b = take(p + "embeddings.patch_embedding.bias")
         self.positions = take(p + "embeddings.position_embedding.weight")
-        self.layers = []
-        for i in range(config.num_layers):
-            q = f"{p}encoder.layers.{i}."
-            self.layers.append({n: take(q + n) for n in (
-                "layer_norm1.weight", "layer_norm1.bias", "layer_norm2.weight", "layer_norm2.bias",
-                *(f"self_attn.{m}_proj.{k}" for m in ("q", "k", "v", "out") for k in ("weight", "bias")),
-                *(f"mlp.{m}.{k}" for m in ("fc1", "fc2") for k in ("weight", "bias")))})
+        names = {"norm1": "layer_norm1", "norm2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2",
+                 **{m: f"self_attn.{m}_proj" for m in ("q", "k", "v", "out")}}
+        self.layers = [EncoderLayer.load(take, {k: f"{p}encoder.layers.{i}.{v}" for k, v in names.items()})
+                       for i in range(config.num_layers)]
         self.post_norm = take(p + "post_layernorm.weight"), take(p + "post_layernorm.bias")
         self.projection = take("model.connector.modality_projection.proj.weight")
 
@@ -86,20 +86,9 @@ class VisionEncoder:
         c = self.config
         x = F.conv2d(pixels[None].to(self.dtype), self.patch_w, self.patch_b, stride=c.patch_size)  # [1, D, h, w]
         rows, cols = x.shape[2:]
-        x = x.flatten(2).transpose(1, 2)[0] + self.positions[self.position_ids(rows, cols)]
-        d, heads = c.hidden_size, c.num_heads
-        for w in self.layers:
-            h = F.layer_norm(x, (d,), w["layer_norm1.weight"], w["layer_norm1.bias"], c.layer_norm_eps)
-            # [1, heads, patches, head_dim]: torch's fused attention takes 4-D inputs only (3-D ones
-            # take the unfused path, which rounds differently from transformers' call)
-            q, k, v = (F.linear(h, w[f"self_attn.{m}_proj.weight"], w[f"self_attn.{m}_proj.bias"])
-                       .view(1, -1, heads, d // heads).transpose(1, 2) for m in "qkv")
-            a = F.scaled_dot_product_attention(q, k, v)[0].transpose(0, 1).reshape(-1, d)
-            x = x + F.linear(a, w["self_attn.out_proj.weight"], w["self_attn.out_proj.bias"])
-            h = F.layer_norm(x, (d,), w["layer_norm2.weight"], w["layer_norm2.bias"], c.layer_norm_eps)
-            h = ACTIVATIONS[c.hidden_act](F.linear(h, w["mlp.fc1.weight"], w["mlp.fc1.bias"]))
-            x = x + F.linear(h, w["mlp.fc2.weight"], w["mlp.fc2.bias"])
-        x = F.layer_norm(x, (d,), *self.post_norm, c.layer_norm_eps)
+        # the residual stream, row-major for the kernels (the sum takes the patches' transposed layout)
+        x = (x.flatten(2).transpose(1, 2)[0] + self.positions[self.position_ids(rows, cols)]).contiguous()
+        x = run_layers(x, self.layers, c.num_heads, c.layer_norm_eps, ACTIVATIONS[c.hidden_act], self.post_norm)
         return F.linear(self._pixel_shuffle(x, rows, cols), self.projection)
 
     def _pixel_shuffle(self, x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
