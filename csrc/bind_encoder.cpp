@@ -1,5 +1,3 @@
-#include <cmath>
-
 #include "bindings.h"
 #include "cpu/encoder_layers.h"
 
@@ -17,25 +15,11 @@ int64_t check_rows(const Tensor& t, int64_t rows, int64_t cols, DType dtype) {
 
 void layer_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, py::handle bias_obj, double eps,
                 py::handle residual_obj) {
-  Tensor out(out_obj, "out"), x(x_obj, "x"), weight(weight_obj, "weight"), bias(bias_obj, "bias");
-  x.expect_ndim(2).expect_inner_contiguous(1);
-  const int64_t rows = x.size(0), hidden = x.size(1);
-  const DType dtype = x.float_dtype();
-  weight.expect_ndim(1).expect_contiguous().expect_size(0, hidden, "hidden size of x");
-  bias.expect_ndim(1).expect_contiguous().expect_size(0, hidden, "hidden size of x");
-  const DType wdtype = weight.float_dtype();
-  if (bias.float_dtype() != wdtype) fail("bias: dtype must match weight");
-  const int64_t out_stride = check_rows(out, rows, hidden, dtype);
-  void* residual_ptr = nullptr;
-  int64_t residual_stride = 0;
-  if (!residual_obj.is_none()) {
-    Tensor residual(residual_obj, "residual");
-    residual_stride = check_rows(residual, rows, hidden, dtype);
-    residual_ptr = residual.data();
-  }
-  if (!(eps > 0) || !std::isfinite(eps)) fail("eps must be a finite positive number");
-  kc::LayerNormArgs args{out.data(), x.data(), residual_ptr, weight.data(), bias.data(), rows, hidden,
-                         x.stride(0), out_stride, residual_stride, static_cast<float>(eps), dtype, wdtype};
+  const kc::RmsNormArgs norm = norm_rows_args(out_obj, x_obj, weight_obj, eps, residual_obj);
+  Tensor bias(bias_obj, "bias");
+  bias.expect_ndim(1).expect_contiguous().expect_size(0, norm.hidden, "hidden size of x");
+  if (bias.float_dtype() != norm.weight_dtype) fail("bias: dtype must match weight");
+  const kc::LayerNormArgs args{norm, bias.data()};
   py::gil_scoped_release nogil;
   kc::layer_norm(args);
 }

@@ -14,7 +14,10 @@ int64_t check_rows(const Tensor& t, int64_t rows, int64_t hidden) {
   return t.stride(0);
 }
 
-void rms_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, double eps, py::handle residual_obj) {
+}  // namespace
+
+kc::RmsNormArgs norm_rows_args(py::handle out_obj, py::handle x_obj, py::handle weight_obj, double eps,
+                               py::handle residual_obj) {
   Tensor out(out_obj, "out"), x(x_obj, "x"), weight(weight_obj, "weight");
   x.expect_ndim(2).expect_inner_contiguous(1);
   const int64_t rows = x.size(0), hidden = x.size(1);
@@ -32,8 +35,14 @@ void rms_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, doubl
     residual_ptr = residual.data();
   }
   if (!(eps > 0) || !std::isfinite(eps)) fail("eps must be a finite positive number");
-  kc::RmsNormArgs args{out.data(), x.data(), residual_ptr, weight.data(), rows, hidden, x.stride(0),
-                       out_stride, residual_stride, static_cast<float>(eps), dtype, wdtype};
+  return kc::RmsNormArgs{out.data(), x.data(), residual_ptr, weight.data(), rows, hidden, x.stride(0),
+                         out_stride, residual_stride, static_cast<float>(eps), dtype, wdtype};
+}
+
+namespace {
+
+void rms_norm(py::handle out_obj, py::handle x_obj, py::handle weight_obj, double eps, py::handle residual_obj) {
+  const kc::RmsNormArgs args = norm_rows_args(out_obj, x_obj, weight_obj, eps, residual_obj);
   py::gil_scoped_release nogil;
   kc::rms_norm(args);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "buffer.h"
+#include "cpu/layers.h"
 #include "cpu/quant.h"
 
 namespace mindie::host {
@@ -25,5 +26,10 @@ kernels::cpu::QMatrix quantized_matrix(py::handle data, int ggml_type, int64_t c
                                        int64_t packed_rows = -1);
 // The same from a weight spec (ggml_type, data, cols, rows, packed), as QuantizedWeight.spec() gives it.
 kernels::cpu::QMatrix quantized_matrix(const py::tuple& spec, const char* name);
+
+// A row norm's operands, checked: x and out [rows, hidden] of one dtype, weight [hidden], eps > 0, and
+// residual (None or [rows, hidden] of x's dtype). rms_norm's, and layer_norm's without its bias.
+kernels::cpu::RmsNormArgs norm_rows_args(py::handle out_obj, py::handle x_obj, py::handle weight_obj, double eps,
+                                         py::handle residual_obj);
 
 }  // namespace mindie::host

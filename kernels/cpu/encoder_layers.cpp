@@ -47,7 +47,8 @@ void norm_row(const float* h, int n, float eps, const Wt* w, const Wt* b, T* out
 }
 
 template <typename T, typename Wt>
-void layer_norm_rows(const LayerNormArgs& a) {
+void layer_norm_rows(const LayerNormArgs& args) {
+  const RmsNormArgs& a = args.norm;
   const int n = static_cast<int>(a.hidden);
   parallel_for(a.rows, 16, [&](int64_t begin, int64_t end) {
     thread_local ScratchVector<float> buf;
@@ -65,7 +66,7 @@ void layer_norm_rows(const LayerNormArgs& a) {
       } else {
         load_scaled(h, x, 1.f, n);
       }
-      norm_row(h, n, a.eps, static_cast<const Wt*>(a.weight), static_cast<const Wt*>(a.bias),
+      norm_row(h, n, a.eps, static_cast<const Wt*>(a.weight), static_cast<const Wt*>(args.bias),
                static_cast<T*>(a.out) + r * a.out_stride);
     }
   });
@@ -90,8 +91,8 @@ void gelu_tanh_rows(const GeluArgs& a) {
 }  // namespace
 
 void layer_norm(const LayerNormArgs& a) {
-  const bool w32 = a.weight_dtype == DType::kFloat32;
-  if (a.dtype == DType::kFloat32) w32 ? layer_norm_rows<float, float>(a) : layer_norm_rows<float, bf16_t>(a);
+  const bool w32 = a.norm.weight_dtype == DType::kFloat32;
+  if (a.norm.dtype == DType::kFloat32) w32 ? layer_norm_rows<float, float>(a) : layer_norm_rows<float, bf16_t>(a);
   else w32 ? layer_norm_rows<bf16_t, float>(a) : layer_norm_rows<bf16_t, bf16_t>(a);
 }
 

@@ -5,24 +5,17 @@
 
 #include <cstdint>
 
+#include "cpu/layers.h"
 #include "cpu/types.h"
 
 namespace mindie::kernels::cpu {
 
 // out = (h - mean(h)) / sqrt(var(h) + eps) * weight + bias per row (nn.LayerNorm), h = x; with
-// `residual` set: first residual = to_dtype(residual + x) (stored), then h = that sum.
+// `residual` set: first residual = to_dtype(residual + x) (stored), then h = that sum. The operands
+// are rms_norm's and a bias.
 struct LayerNormArgs {
-  void* out;            // [rows, hidden]; may alias x
-  const void* x;        // [rows, hidden]
-  void* residual;       // [rows, hidden] or nullptr
-  const void* weight;   // [hidden]
-  const void* bias;     // [hidden], dtype of weight
-  int64_t rows;
-  int64_t hidden;
-  int64_t x_stride, out_stride, residual_stride;  // elements between rows
-  float eps;
-  DType dtype;          // of x, out and residual
-  DType weight_dtype;
+  RmsNormArgs norm;
+  const void* bias;  // [hidden], dtype of norm.weight
 };
 
 // out = gelu(x, approximate='tanh') elementwise over rows (gelu_pytorch_tanh). The erf form stays
