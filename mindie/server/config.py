@@ -19,6 +19,7 @@ from typing import Any
 from mindie.config import ENGINE_KEYS, EngineConfig
 from mindie.config_keys import ConfigError, Key, check_section
 from mindie.media import MediaPolicy
+from mindie.pd.media import HOLD_MAX_BYTES, HOLD_TTL_S
 
 _INT_MAX = 2**31 - 1
 
@@ -64,6 +65,9 @@ _SERVER: dict[str, Key] = {
     # Ours, as vLLM's --allowed-local-media-path / a switch for URLs on loopback and link-local hosts
     "allowedLocalMediaPath": Key("str"),
     "allowPrivateMediaUrls": _BOOL,
+    # Ours: how much of the media bodies it handed to D a prefill node holds for recomputes, and how long
+    "pdMediaHoldMB": Key("int", lo=1, hi=65536),
+    "pdMediaHoldSeconds": Key("int", lo=1, hi=86400),
     "maxJsonDepth": Key("int", lo=2, hi=200, honoured=False),  # the JSON parser refuses depth > 200 anyway
     "distDPServerEnabled": Key("bool", choices=(False,)),
     "HealthCheckConfig": Key("dict", honoured=False),
@@ -204,6 +208,8 @@ class ServerSettings:
     kv_trans_timeout_s: float = 10
     inter_comm_token: str | None = None
     dresult_heartbeat_s: float = 5.0
+    media_hold_bytes: int = HOLD_MAX_BYTES  # P: the media bodies it holds for recomputes, all requests together
+    media_hold_s: float = HOLD_TTL_S  # P: a body D never reported finished is dropped after this long
 
     @property
     def dmi(self) -> bool:
@@ -302,8 +308,8 @@ class ServerSettings:
                               "here: set it to false (P and D authenticate with ServerConfig.interCommToken)")
         inter_comm_port = server.get("interCommPort", 1121)
         if infer_mode != "dmi":
-            ignored += [f"ServerConfig.{k}" for k in ("interCommTLSEnabled", "interCommPort", "interCommToken")
-                        if k in server]
+            ignored += [f"ServerConfig.{k}" for k in ("interCommTLSEnabled", "interCommPort", "interCommToken",
+                                                      "pdMediaHoldMB", "pdMediaHoldSeconds") if k in server]
             ignored += ["ModelConfig[0].kv_trans_timeout"] if "kv_trans_timeout" in model else []
         timeouts_max = top.get("EnableDynamicAdjustTimeoutConfig", False)
         return cls(
@@ -337,6 +343,8 @@ class ServerSettings:
             kv_transfer_port=inter_comm_port + 1 if inter_comm_port < 65535 else 0,
             kv_trans_timeout_s=model.get("kv_trans_timeout", 10),
             inter_comm_token=os.environ.get(TOKEN_ENV) or server.get("interCommToken"),
+            media_hold_bytes=server.get("pdMediaHoldMB", HOLD_MAX_BYTES // 2**20) * 2**20,
+            media_hold_s=server.get("pdMediaHoldSeconds", HOLD_TTL_S),
         )
 
     @classmethod

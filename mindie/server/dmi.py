@@ -109,7 +109,8 @@ class PDNode:
         # one knows the requests it had here are gone (the instance restarted).
         self.epoch = secrets.token_hex(8)
         self.leases: dict[str, tuple[str, asyncio.TimerHandle]] = {}  # P: req-id -> (lease id, expiry)
-        self.held_media = HeldBodies()  # P: bodies with media handed to D, for a recompute to read them again
+        # P: bodies with media handed to D, for a recompute to read them again
+        self.held_media = HeldBodies(settings.media_hold_bytes, settings.media_hold_s)
         self.decoding: dict[str, asyncio.Task[None]] = {}  # D: req-id -> its decode task
         self.stopped: set[str] = set()  # D: req-ids stopped before their KV arrived
         self.early_stops: dict[str, float] = {}  # D: req-id -> until when a stop that came before P's call holds

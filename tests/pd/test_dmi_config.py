@@ -24,6 +24,15 @@ def test_dmi_keys_reach_the_settings(monkeypatch):
     assert not ServerSettings.from_dict({}).dmi
 
 
+def test_media_hold_limits_reach_the_settings(monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    s = ServerSettings.from_dict(dmi(interCommToken="t", pdMediaHoldMB=64, pdMediaHoldSeconds=120))
+    assert (s.media_hold_bytes, s.media_hold_s) == (64 * 2**20, 120)
+    defaults = ServerSettings.from_dict(dmi(interCommToken="t"))
+    assert (defaults.media_hold_bytes, defaults.media_hold_s) == (256 * 2**20, 3600)
+    assert "ServerConfig.pdMediaHoldMB" in ServerSettings.from_dict({"ServerConfig": {"pdMediaHoldMB": 8}}).ignored
+
+
 def test_token_from_the_environment(monkeypatch):
     monkeypatch.setenv(TOKEN_ENV, "from-env")
     assert ServerSettings.from_dict(dmi(interCommToken="from-file")).inter_comm_token == "from-env"
@@ -34,6 +43,8 @@ def test_token_from_the_environment(monkeypatch):
     (dmi(interCommToken="t", interCommTLSEnabled=True), ["interCommTLSEnabled", "not implemented"]),
     (dmi(interCommToken="t", interCommPort=80), ["ServerConfig.interCommPort", "[1024, 65535]"]),
     ({"ServerConfig": {"inferMode": "pd"}}, ["ServerConfig.inferMode", "dmi"]),
+    (dmi(interCommToken="t", pdMediaHoldMB=0), ["ServerConfig.pdMediaHoldMB", "[1, 65536]"]),
+    (dmi(interCommToken="t", pdMediaHoldSeconds=86401), ["ServerConfig.pdMediaHoldSeconds", "[1, 86400]"]),
     ({"ServerConfig": {"inferMode": "dmi", "interCommToken": "t"}, "BackendConfig": {"ModelDeployConfig": {
         "ModelConfig": [{"kv_trans_timeout": 0}]}}}, ["kv_trans_timeout", "[1, 3600]"]),
 ])

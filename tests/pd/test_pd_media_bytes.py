@@ -62,7 +62,9 @@ def url_image():
 
 
 def pair(model_dir, param):
-    for p, d, reader in pd_pair_of(dmi_settings(model_dir, media=FETCHES), dmi_settings(model_dir)):
+    p_settings = dmi_settings(model_dir, media=FETCHES, media_hold_bytes=64 * 2**20, media_hold_s=600)
+    for p, d, reader in pd_pair_of(p_settings, dmi_settings(model_dir)):
+        assert (p.ctx.pd.held_media.max_bytes, p.ctx.pd.held_media.ttl_s) == (64 * 2**20, 600)
         if param == "recompute":
             d.ctx.pd.preemption = ForcedPreemption(3)
         yield p, d, reader, param

@@ -13,6 +13,8 @@ from helpers.server import free_port
 
 def test_serve_answers_and_stops_on_sigterm(tiny_llama_dir):
     port, mport = free_port(), free_port()
+    while mport == port:  # two free_port() calls can name one port: the planes would then share it
+        mport = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "mindie", "serve", str(tiny_llama_dir), "--dtype", "float32", "--model-name",
          "tiny", "--host", "127.0.0.1", "--port", str(port), "--management-host", "127.0.0.1", "--management-port",
