@@ -146,23 +146,34 @@ inline void with_decoded_block(const uint8_t* panel, int64_t blocks, int64_t b, 
   }, std::make_integer_sequence<int, kUnitBlocks>{});
 }
 
-// The staged panel layout (vec_int8.h's PanelRef): for 16-value group g, q holds four 64-byte vectors
-// whose 4-byte lane r is values 4v..4v+3 of the group in row r, scale and offset its 16 row values.
+// The staged panel layout (vec_int8.h's StagedPanel): for 16-value group g, q holds four 64-byte
+// vectors whose 4-byte lane r is values 4v..4v+3 of the group in row r (kPanelGroupValues values a
+// group), scale and offset its 16 row values.
 constexpr int kPanelRows = kPackRows;
-constexpr int64_t kPanelGroupBytes = 16 * kPanelRows;
+constexpr int64_t kPanelGroupValues = 16 * kPanelRows;
 
-// Block b of a packed panel staged in that layout, L::kRows rows at a time.
-template <class L, QFormat F>
-inline void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+// Block b of a packed panel staged, L::kRows rows at a time: its scales and offsets in that layout,
+// and its values u (decode_block's, rows r0..r0 + L::kRows - 1) handed to store_values(u, r0).
+template <class L, QFormat F, class StoreValues>
+inline void stage_block_with(const uint8_t* panel, int64_t blocks, int64_t b, float* scale, float* offset,
+                             StoreValues&& store_values) {
   constexpr int S = packed_unit(F).span_groups;
   for (int r0 = 0; r0 < kPanelRows; r0 += L::kRows)
     with_decoded_block<L, F>(panel, blocks, b, r0, [&](const auto* u, const auto* s, const auto* o) {
-      for (int v = 0; v < 8; ++v) L::store(q + 2 * b * kPanelGroupBytes + 64 * v + 4 * r0, u[v]);
+      store_values(u, r0);
       for (int g = 0; g < 2; ++g) {
         L::store(scale + (2 * b + g) * kPanelRows + r0, s[S == 2 ? 0 : g]);
         L::store(offset + (2 * b + g) * kPanelRows + r0, o[S == 2 ? 0 : g]);
       }
     });
+}
+
+// The same with the values as int8, in that layout.
+template <class L, QFormat F>
+inline void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+  stage_block_with<L, F>(panel, blocks, b, scale, offset, [&](const typename L::I* u, int r0) {
+    for (int v = 0; v < 8; ++v) L::store(q + 2 * b * kPanelGroupValues + 64 * v + 4 * r0, u[v]);
+  });
 }
 
 }  // namespace MINDIE_ISA_NS

@@ -52,25 +52,27 @@ void walk_panel_blocks(const QMatrix& w, int64_t row0, const uint8_t* next, std:
   });
 }
 
-// One staged panel: its blocks decoded into the panel layout (stage_block).
+// One panel staged for D's tile (D::stage_block), straight from its blocks.
+template <class D>
 struct PanelBuffer {
+  using Weight = typename D::Weight;
   std::vector<uint8_t> packed;
-  ScratchVector<int8_t> q_buffer;
+  ScratchVector<Weight> q_buffer;
   ScratchVector<float> scale_buffer, offset_buffer;
-  int8_t* q = nullptr;
+  Weight* q = nullptr;
   float* scale = nullptr;
   float* offset = nullptr;
 
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
     const int64_t groups = w.cols / 16;
-    q = sized(q_buffer, groups * kPanelGroupBytes);
+    q = sized(q_buffer, groups * kPanelGroupValues);
     scale = sized(scale_buffer, groups * kPanelRows);
     offset = sized(offset_buffer, groups * kPanelRows);
     walk_panel_blocks(w, row0, next, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
-      stage_block<Lanes, decltype(format)::value>(panel, blocks, b, q, scale, offset);
+      D::template stage_block<decltype(format)::value>(panel, blocks, b, q, scale, offset);
     });
   }
-  PanelRef ref() const { return {q, scale, offset}; }
+  StagedPanel<Weight> ref() const { return {q, scale, offset}; }
 };
 
 // One panel staged as B's bf16 panel (B::stage_block), straight from its blocks.
@@ -133,26 +135,25 @@ void for_each_row_tile(int64_t m, Tile&& tile) {
   if (c0 < m) with_count<C>(static_cast<int>(m - c0), [&](auto cols) { tile(c0, cols); });
 }
 
-// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S,
-// P byte-product pair sums added in int16 before widening (where the variant sums in int16).
-template <class D, int R, bool Signed, int S, int P>
-void apply(const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
-  PanelRef w[R];
+// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
+template <class D, int R, bool Signed, int S>
+void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
+  StagedPanel<typename D::Weight> w[R];
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
   const int64_t groups = a.k / 16;
   float out[R * D::kTileCols * kPanelRows];
   for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
-    D::template tile<R, decltype(cols)::value, Signed, S, P>(w, x.data() + c0, groups, out);
+    D::template tile<R, decltype(cols)::value, Signed, S>(w, x.data() + c0, groups, out);
     store_tile(p, R, out, a, c0, cols);
   });
 }
 
 template <class D, int R>
-void apply_format(QFormat format, const Panel* p, const PanelBuffer* buf, const QMatmulArgs& a,
+void apply_format(QFormat format, const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a,
                   const std::vector<ActRef>& x) {
   with_format(format, [&](auto f) {
     constexpr QFormatInfo info = qformat_info(static_cast<int>(decltype(f)::value));
-    apply<D, R, info.signed_q, info.scale_span / 16, int16_pair_sums(decltype(f)::value)>(p, buf, a, x);
+    apply<D, R, info.signed_q, info.scale_span / 16>(p, buf, a, x);
   });
 }
 
@@ -218,7 +219,7 @@ struct PanelSplit {
 
 // Stages every panel of a's targets (each into a Buffer) and hands them to `apply(p, buf, n)` up
 // to `group` (at most R) at a time, n panels of one target (so that they share a format).
-template <int R, class Buffer = PanelBuffer, class Apply>
+template <int R, class Buffer, class Apply>
 void for_each_panel_group(const QMatmulArgs& a, Apply&& apply_group, int group = R) {
   const PanelSplit split(a);
   split.run([&](int64_t begin, int64_t end) {
@@ -348,7 +349,7 @@ void prepare_activations(const QMatmulArgs& a, std::vector<float>& sums, std::ve
         sum16[j + 1] = static_cast<float>(s[1]) * d[j / 2];
         sum32[j / 2] = static_cast<float>(s[0] + s[1]) * d[j / 2];
       }
-      x[c] = {hi, lo, d, sum16, sum32};
+      x[c] = {hi, lo, nullptr, d, sum16, sum32};
     }
   });
 }
@@ -366,13 +367,23 @@ void run_int8(const QMatmulArgs& a) {
   // The caller's buffers, named once here: inside the job a thread_local would be the worker's own.
   thread_local std::vector<float> sums_buffer;
   thread_local std::vector<ActRef> x_buffer;
+  thread_local ScratchVector<int16_t> wide_buffer;
   std::vector<ActRef>& x = x_buffer;
   prepare_activations(a, sums_buffer, x);
   if constexpr (D::kStreamCols > 0) {
     if (streams<D>(a))
       return with_count<D::kStreamCols>(static_cast<int>(a.m), [&](auto cols) { stream_panels<D, decltype(cols)::value>(&a, 1, &x); });
   }
-  for_each_panel_group<D::kTilePanels>(a, [&](const Panel* p, const PanelBuffer* buf, int n) {
+  if constexpr (D::kWide) {
+    int16_t* wide = sized(wide_buffer, a.m * a.k);
+    parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        D::widen(x[c].hi, x[c].lo, a.k, wide + c * a.k);
+        x[c].wide = wide + c * a.k;
+      }
+    });
+  }
+  for_each_panel_group<D::kTilePanels, PanelBuffer<D>>(a, [&](const Panel* p, const PanelBuffer<D>* buf, int n) {
     with_count<D::kTilePanels>(n, [&](auto panels) { apply_format<D, decltype(panels)::value>(p[0].target->w.format, p, buf, a, x); });
   });
 }

@@ -3,7 +3,7 @@
 // x = d * (128 * hi + lo) (see quantize_block32); bf16 activations as they are (Bf16Panel).
 //
 // The weights are read as *panels*: 16 rows side by side, so that a vector lane is an output row
-// (see PanelRef). Int8Panel::tile<..., S> computes, for each output element (weight row r,
+// (see StagedPanel). Int8Panel::tile<..., S> computes, for each output element (weight row r,
 // activation row c), over *spans* of 16 * S values that share one weight scale (S = 2 for formats
 // whose scale covers 32 values, 1 for Q6_K's 16):
 //   f = 0;  for each span j in order:
@@ -11,9 +11,11 @@
 //     f = fma(float(s), scale_j * d_c(j), f)
 //     f = fma(offset_j, sum_c(j), f)        (unsigned q only; sum_c(j) = d * sum of 128 * hi + lo)
 // one scalar chain per element in one lane, whatever the ISA's vector width, the tile shape or the
-// thread split: an output element is reduced identically wherever it is computed. Unsigned q goes
-// straight into the unsigned operand of the byte products; signed q (Q8_0) goes in as |q| with its
-// sign moved onto the activations.
+// thread split: an output element is reduced identically wherever it is computed. How s is summed
+// is the variant's own, since any order gives the same exact int32: byte products of q against each
+// plane (vpdpbusd or vpmaddubsw; unsigned q goes straight into the unsigned operand, signed q (Q8_0)
+// goes in as |q| with its sign moved onto the activations), or, in the AVX2 tile, int16 products of
+// q against 128 * hi + lo (ActRef::wide) in one vpmaddwd.
 #pragma once
 
 #include <algorithm>
@@ -29,10 +31,12 @@
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
-// A staged panel (quant_decode.h's layout): its int8 values, and a scale and offset per 16-value
-// group and row.
-struct PanelRef {
-  const int8_t* q;
+// A staged panel (quant_decode.h's layout, or the one Int8Panel::stage_block states): its
+// values as the variant's tile multiplies them (Int8Panel::Weight), and a scale and offset per
+// 16-value group and row.
+template <class Q>
+struct StagedPanel {
+  const Q* q;
   const float* scale;
   const float* offset;
 };
@@ -41,10 +45,12 @@ struct PanelRef {
 // (kBf16PanelGroupElems bf16 values per group), the operand layout of vdpbf16ps.
 constexpr int64_t kBf16PanelGroupElems = 16 * kPanelRows;
 
-// One activation row: its two planes, d per 32 values and d * sum(128 * hi + lo) per 16 and per 32.
+// One activation row: its two planes, d per 32 values and d * sum(128 * hi + lo) per 16 and per 32;
+// for a variant whose tile multiplies int16 (Int8Panel::kWide), 128 * hi + lo itself (|value| <= 2^14).
 struct ActRef {
   const int8_t* hi;
   const int8_t* lo;
+  const int16_t* wide;
   const float* d;
   const float* sum16;
   const float* sum32;
@@ -85,6 +91,12 @@ struct Int8Panel {
   // and 512 rows; 1 x 8 runs at less than half the speed).
   static constexpr int kTilePanels = 3;
   static constexpr int kTileCols = 4;
+  using Weight = int8_t;
+  static constexpr bool kWide = false;
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
+  }
 
   static __m512i dot(__m512i acc, __m512i u, __m512i s) {
     if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
@@ -96,8 +108,8 @@ struct Int8Panel {
     return _mm512_set1_epi32(v);
   }
   // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
-  template <int R, int C, bool Signed, int S, int P>
-  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+  template <int R, int C, bool Signed, int S>
+  static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
@@ -113,7 +125,7 @@ struct Int8Panel {
           __m512i wq[R];
           __mmask64 neg[R];
           for (int r = 0; r < R; ++r) {
-            wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupBytes + v * 64);
+            wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupValues + v * 64);
             if constexpr (Signed) {
               neg[r] = _mm512_movepi8_mask(wq[r]);
               wq[r] = _mm512_abs_epi8(wq[r]);
@@ -242,20 +254,53 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 // AVX2: a panel's 16 rows are two vectors of 8 int32 lanes (rows 0-7, 8-15).
 template <bool Vnni>
 struct Int8Panel {
+  // The prompt tile multiplies int16: q against 128 * hi + lo in one vpmaddwd, where the two byte
+  // planes took two vpmaddubsw and the int16 sums between them (Q8_0's |q| up to 128 allowing none).
+  // One panel x 4 activation rows (8 int32 accumulators; the float ones spill once a span). On a
+  // Sapphire Rapids core, 2048 x 96 tiles: 56 -> 76 G multiply-adds/s (Q4), 55 -> 67 (Q6_K), 32 -> 77
+  // (Q8_0); 4 rows beat 3 by 6-19% at k = 8192 (the panel from L2 rather than L1).
   static constexpr int kTilePanels = 1;
-  static constexpr int kTileCols = 2;  // 16 vector registers
+  static constexpr int kTileCols = 4;
+  using Weight = int16_t;
+  static constexpr bool kWide = true;
 
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
   }
-  static __m256i broadcast4(const int8_t* p) {
+  static __m256i broadcast4(const void* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
   }
 
-  template <int R, int C, bool Signed, int S, int P>
-  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+  // Block b of a packed panel staged as int16 pairs: for 16-value group g and pair p (values 2p and
+  // 2p + 1 of the group), 32 int16 at q + (8 * g + p) * 32 whose 4-byte lane r holds the pair of row r.
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int16_t* q, float* scale, float* offset) {
+    const __m256i pairs_apart = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m256i* u, int r0) {
+      for (int v = 0; v < 8; ++v) {
+        // Rows 0-3 and 4-7 widened (bytes are Q8_0's signed values or values below 64: sign-extended
+        // either way), then each row's two pairs sent to the two output vectors.
+        const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(u[v])), pairs_apart);
+        const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(u[v], 1)), pairs_apart);
+        int16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32 + 2 * r0;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
+      }
+    });
+  }
+  // k values of an activation row as 128 * hi + lo (ActRef::wide).
+  static void widen(const int8_t* hi, const int8_t* lo, int64_t k, int16_t* out) {
+    for (int64_t i = 0; i < k; i += 16) {
+      const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + i)));
+      const __m256i l = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + i)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_add_epi16(_mm256_slli_epi16(h, 7), l));
+    }
+  }
+
+  template <int R, int C, bool Signed, int S>
+  static void tile(const StagedPanel<int16_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m256 f[R][C][2];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) f[r][c][0] = f[r][c][1] = _mm256_setzero_ps();
@@ -263,35 +308,21 @@ struct Int8Panel {
       __m256i acc[R][C][2];
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
-      for (int plane = 0; plane < 2; ++plane) {
-        static_assert(!Signed || P == 1, "signed q leaves no room for an int16 sum");
-        const __m256i weight = _mm256_set1_epi16(plane == 0 ? 128 : 1);
-        // Unrolled in full: GCC's default keeps this AVX2 loop rolled, 1.5x slower at 512 rows.
-#pragma GCC unroll 8
-        for (int v0 = 0; v0 < 4 * S; v0 += P) {
-          // P byte-product pair sums added in int16, then widened once (int16_pair_sums): exact, with
-          // one vpmaddwd and vpaddd per P vpmaddubsw instead of one each.
-          __m256i pairs[R][C][2];
+#pragma GCC unroll 16
+      for (int p = 0; p < 8 * S; ++p) {
+        __m256i wq[R][2];
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h)
+            wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + (8 * j + p) * 32 + 16 * h));
+        for (int c = 0; c < C; ++c) {
+          const __m256i b = broadcast4(x[c].wide + 16 * j + 2 * p);
           for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) pairs[r][c][0] = pairs[r][c][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-          for (int v = v0; v < v0 + P; ++v) {
-            __m256i wq[R][2];
-            for (int r = 0; r < R; ++r)
-              for (int h = 0; h < 2; ++h)
-                wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + j * kPanelGroupBytes + v * 64 + 32 * h));
-            for (int c = 0; c < C; ++c) {
-              const __m256i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
-              for (int r = 0; r < R; ++r)
-                for (int h = 0; h < 2; ++h) {
-                  if constexpr (Signed) pairs[r][c][h] = _mm256_maddubs_epi16(_mm256_abs_epi8(wq[r][h]), _mm256_sign_epi8(b, wq[r][h]));
-                  else pairs[r][c][h] = _mm256_add_epi16(pairs[r][c][h], _mm256_maddubs_epi16(wq[r][h], b));
-                }
+            for (int h = 0; h < 2; ++h) {
+              acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(wq[r][h], b));
+              // Pins the running sum: GCC otherwise reassociates the exact int32 adds into one tree
+              // per span, computing every product first and spilling them (76 -> 48 G/s).
+              asm("" : "+x"(acc[r][c][h]));
             }
-          }
-          for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c)
-              for (int h = 0; h < 2; ++h) acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(pairs[r][c][h], weight));
         }
       }
       for (int r = 0; r < R; ++r)
@@ -419,8 +450,14 @@ struct Int8Panel {
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;
   static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
-  template <int R, int C, bool Signed, int S, int P>
-  static void tile(const PanelRef* w, const ActRef* x, int64_t groups, float* out) {
+  using Weight = int8_t;
+  static constexpr bool kWide = false;
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
+  }
+  template <int R, int C, bool Signed, int S>
+  static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c)
         for (int lane = 0; lane < kPanelRows; ++lane) {
@@ -428,7 +465,7 @@ struct Int8Panel {
           for (int64_t j = 0; j < groups; j += S) {
             int32_t hi = 0, lo = 0;
             for (int i = 0; i < 16 * S; ++i) {
-              const int32_t q = w[r].q[j * kPanelGroupBytes + (i / 4) * 64 + lane * 4 + i % 4];
+              const int32_t q = w[r].q[j * kPanelGroupValues + (i / 4) * 64 + lane * 4 + i % 4];
               hi += q * x[c].hi[16 * j + i];
               lo += q * x[c].lo[16 * j + i];
             }
