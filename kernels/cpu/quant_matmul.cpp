@@ -362,8 +362,31 @@ bool streams(const QMatmulArgs& a) {
   return packed;
 }
 
+// Rows [r0, r0 + n) of a call, as a call of their own.
+QMatmulArgs rows_of(const QMatmulArgs& a, int64_t r0, int64_t n) {
+  QMatmulArgs part = a;
+  part.m = n;
+  part.xq = a.xq + r0 * 2 * a.k;
+  part.xd = a.xd + r0 * (a.k / 32);
+  if (a.out_rows != nullptr) part.out_rows = a.out_rows + r0;
+  else
+    for (int j = 0; j < a.num_targets; ++j) part.targets[j].out += r0 * a.targets[j].out_stride;
+  return part;
+}
+
+// Rows a variant with int16 activations (Int8Panel::kWide) widens at a time: a prompt of thousands
+// of rows would otherwise hold as many bytes again as its planes (235 MB at 8192 rows of 14336).
+// Each chunk stages the panels anew, well under 1% beside its rows' products.
+constexpr int64_t kWideRows = 256;
+
 template <class D>
 void run_int8(const QMatmulArgs& a) {
+  if constexpr (D::kWide) {
+    if (a.m > kWideRows) {
+      for (int64_t r0 = 0; r0 < a.m; r0 += kWideRows) run_int8<D>(rows_of(a, r0, std::min(kWideRows, a.m - r0)));
+      return;
+    }
+  }
   // The caller's buffers, named once here: inside the job a thread_local would be the worker's own.
   thread_local std::vector<float> sums_buffer;
   thread_local std::vector<ActRef> x_buffer;

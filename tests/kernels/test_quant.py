@@ -128,6 +128,21 @@ def test_qmatmul_rows_are_batch_invariant(isa, form, fmt, packed):
         _C.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q6_K", "Q8_0"])
+def test_qmatmul_rows_of_a_long_prompt_match_the_reference_and_the_rows_alone(isa, fmt):
+    """A call of 600 rows (which the AVX2 variant takes 256 rows at a time) matches the reference,
+    and each row has the bits a call of a few rows gives it, at the edges of those chunks too."""
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 40, k, 5)
+    weight, layout = in_layout(data, qtype, True)
+    xq, xd = ops.quantize_activations(torch.randn(600, k, generator=torch.Generator().manual_seed(6)))
+    full = ops.qmatmul(xq, xd, weight, qtype, **layout)
+    want = ref.qmatmul(xq, xd, data, qtype, None)
+    torch.testing.assert_close(full, want, atol=FORMS["int8"].atol * want.abs().max().item(), rtol=1e-5)
+    for r0, n in [(0, 9), (250, 12), (505, 10), (588, 12)]:  # more than 8 rows: the prompt tile's path
+        assert torch.equal(ops.qmatmul(xq[r0:r0 + n], xd[r0:r0 + n], weight, qtype, **layout), full[r0:r0 + n])
+
+
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K", "Q6_K", "Q8_0"])
 def test_decode_rows_do_not_depend_on_which_thread_claims_a_panel(isa, fmt):
     """At decode the threads claim ranges of panels as they go in calls of 1 MiB or more (a share of
