@@ -108,9 +108,9 @@ def prefill_instruction() -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
     if prompt_rows_in_bf16():
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
-    if _C.get_isa() == "avx2":
-        return "vpmaddwd"  # the AVX2 prompt tile's int16 products (vec_int8.h)
-    return "vpdpbusd" if _C.cpu_features()["avx512_vnni"] and _C.get_isa() == "avx512" else "vpmaddubsw"
+    if _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"]:
+        return "vpdpwssd"  # the prompt tiles' int16 products (vec_int8.h)
+    return "vpmaddwd"
 
 
 def run_file(args: argparse.Namespace, path: Path) -> list[str]:
@@ -176,13 +176,10 @@ def main() -> None:
     rows = [row for path in files for row in run_file(args, path)]
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
-    if prefill_instruction() == "vpmaddwd":
-        print("(our int8 prompt rows' two planes meet each weight as one int16, 128 * hi + lo: one vpmaddwd product, "
-              "a ceiling of the peak named; llama.cpp's one byte plane runs on vpmaddubsw, whose peak here is "
-              f"{2 * _C.dot_peak('vpmaddubsw', args.threads) / 1e9:.0f} GFLOP/s)")
-    elif not prompt_rows_in_bf16():
-        print("(our int8 prompt rows make two byte products per weight, hi and lo planes: their ceiling is half "
-              "the instruction's peak)")
+    if not prompt_rows_in_bf16():
+        print(f"(our int8 prompt rows' two planes meet each weight as one int16, 128 * hi + lo: one "
+              f"{prefill_instruction()} product, a ceiling of the peak named; llama.cpp's one byte plane runs on "
+              f"vpmaddubsw, whose peak here is {2 * _C.dot_peak('vpmaddubsw', args.threads) / 1e9:.0f} GFLOP/s)")
     print(f"{'model':<28} {'figure':<16} {'llama.cpp':>9} {'ours':>9} {'ratio':>8} {'llama%':>7} {'ours%':>7}   limit")
     print("\n".join(rows))
 

@@ -198,7 +198,9 @@ double dot_peak(const std::string& instruction, int threads, double seconds) {
   else if (instruction == "vdpbf16ps") instr = kc::DotInstr::kVdpbf16ps;
   else if (instruction == "tdpbf16ps") instr = kc::DotInstr::kTdpbf16ps;
   else if (instruction == "vpmaddwd") instr = kc::DotInstr::kVpmaddwd;
-  else fail("instruction: expected 'vpdpbusd', 'vpmaddubsw', 'vpmaddwd', 'vdpbf16ps' or 'tdpbf16ps', got '" + instruction + "'");
+  else if (instruction == "vpdpwssd") instr = kc::DotInstr::kVpdpwssd;
+  else fail("instruction: expected 'vpdpbusd', 'vpmaddubsw', 'vpmaddwd', 'vpdpwssd', 'vdpbf16ps' or 'tdpbf16ps', got '" +
+            instruction + "'");
   if (threads < 1) fail("threads must be >= 1");
   py::gil_scoped_release nogil;
   const auto timed = [&](int64_t iterations, int64_t* products) {
@@ -250,8 +252,8 @@ void bind_quant(py::module_& m) {
   m.def("qmatmul_bf16_native", &kc::qmatmul_bf16_native,
         "Whether the active kernel variant runs qmatmul_bf16 on native bf16 dot products (AVX512-BF16).");
   m.def("dot_peak", &dot_peak, py::arg("instruction"), py::arg("threads"), py::arg("seconds") = 0.6,
-        "Multiply-adds per second of a register-only loop of 'vpdpbusd', 'vpmaddubsw', 'vpmaddwd', 'vdpbf16ps' "
-        "or 'tdpbf16ps' (AMX tiles, while in use) on "
+        "Multiply-adds per second of a register-only loop of 'vpdpbusd', 'vpmaddubsw', 'vpmaddwd', 'vpdpwssd', "
+        "'vdpbf16ps' or 'tdpbf16ps' (AMX tiles, while in use) on "
         "`threads` kernel-pool threads (the active variant's form); 0.0 where the variant or CPU lacks it.");
 }
 

@@ -64,30 +64,30 @@ int64_t run_chains(int64_t iterations, VecI u, VecI s, Step&& step) {
   return iterations * kChains * kBytes;
 }
 
-// The forms whose product is not an accumulating instruction, as the prompt tiles run them: two
-// weight vectors against four broadcasts into eight accumulators, the operands loaded from L1 at an
-// index that changes each round. With operands in registers GCC, seeing loop-invariant products,
+// The prompt tiles' forms (and vpmaddubsw) as the tiles run them: two weight vectors against four
+// (AVX2) or six (AVX-512) broadcasts into as many accumulators per weight, the operands loaded from
+// L1 at an index that changes each round; eight vpdpwssd chains alone are held by its latency. With operands in registers GCC, seeing loop-invariant products,
 // computes them once outside the loop and times vpaddd alone (1.4x vpmaddubsw's real rate on a
 // Sapphire Rapids core); a chain of products feeding each on the last (acc + f(acc)) is held by its
 // latency instead (vpmaddwd there at 0.7x this loop's rate).
 template <class Step>
 int64_t run_tile(int64_t iterations, Step&& step) {
-  constexpr int kRounds = 8;
+  constexpr int kRounds = 8, kRows = kBytes == 64 ? 6 : 4, kAcc = 2 * kRows;
   alignas(64) int8_t w[kRounds][2][kBytes];
-  alignas(64) int32_t b[kRounds][4];
+  alignas(64) int32_t b[kRounds][kRows];
   std::fill(&w[0][0][0], &w[0][0][0] + sizeof(w), int8_t{3});
-  std::fill(&b[0][0], &b[0][0] + kRounds * 4, 0x01010101);
+  std::fill(&b[0][0], &b[0][0] + kRounds * kRows, 0x01010101);
   asm volatile("" : : "r"(&w[0][0][0]), "r"(&b[0][0]) : "memory");  // values the compiler cannot know
-  VecI acc[8];
-  for (int t = 0; t < 8; ++t) acc[t] = set1_i8(0);
+  VecI acc[kAcc];
+  for (int t = 0; t < kAcc; ++t) acc[t] = set1_i8(0);
   for (int64_t i = 0; i < iterations; ++i) {
     const int r = static_cast<int>(i % kRounds);
-    for (int t = 0; t < 8; ++t) acc[t] = step(acc[t], load_i8(w[r][t % 2]), set1_i32(b[r][t / 2]));
+    for (int t = 0; t < kAcc; ++t) acc[t] = step(acc[t], load_i8(w[r][t % 2]), set1_i32(b[r][t / 2]));
   }
   int64_t sum = 0;
-  for (int t = 0; t < 8; ++t) sum += fold(acc[t]);
+  for (int t = 0; t < kAcc; ++t) sum += fold(acc[t]);
   g_sink.fetch_add(sum, std::memory_order_relaxed);
-  return iterations * 8 * kBytes;
+  return iterations * kAcc * kBytes;
 }
 #endif
 
@@ -126,6 +126,8 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
   if (instr == DotInstr::kTdpbf16ps && use_amx_bf16()) return amx_bf16(iterations);
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
+  if (instr == DotInstr::kVpdpwssd && cpu_has_avx512_vnni())  // 16 int16 pairs per 64 bytes
+    return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return _mm512_dpwssd_epi32(acc, u, s); }) / 2;
   if (instr == DotInstr::kVpdpbusd && cpu_has_avx512_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
                       [](VecI acc, VecI u, VecI s) { return _mm512_dpbusd_epi32(acc, u, s); });
@@ -139,7 +141,7 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
 #if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
   if (instr == DotInstr::kVpmaddubsw)
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return maddubs(acc, u, s); });
-  if (instr == DotInstr::kVpmaddwd)  // 16 int16 pairs per 32 bytes
+  if (instr == DotInstr::kVpmaddwd)  // 16 int16 pairs per 32 bytes (32 per 64)
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return maddwd(acc, u, s); }) / 2;
 #endif
   (void)instr;

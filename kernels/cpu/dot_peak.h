@@ -8,10 +8,10 @@
 namespace mindie::kernels::cpu {
 
 // kVpdpbusd: the int8 form's AVX-512 VNNI product; kVpmaddubsw: its AVX-512BW / AVX2 form
-// (vpmaddubsw + vpmaddwd + vpaddd, as Int8Panel::dot without VNNI); kVpmaddwd: the AVX2 prompt
-// tile's int16 product (vpmaddwd + vpaddd); kVdpbf16ps: the bf16 form's; kTdpbf16ps: the bf16 form's
-// on AMX tiles (vec_amx.h).
-enum class DotInstr : int { kVpdpbusd = 0, kVpmaddubsw = 1, kVdpbf16ps = 2, kTdpbf16ps = 3, kVpmaddwd = 4 };
+// (vpmaddubsw + vpmaddwd + vpaddd, as Int8Panel::dot without VNNI); kVpmaddwd: the prompt tiles'
+// int16 product (vpmaddwd + vpaddd); kVpdpwssd: its AVX-512 VNNI form; kVdpbf16ps: the bf16 form's;
+// kTdpbf16ps: the bf16 form's on AMX tiles (vec_amx.h).
+enum class DotInstr : int { kVpdpbusd = 0, kVpmaddubsw = 1, kVdpbf16ps = 2, kTdpbf16ps = 3, kVpmaddwd = 4, kVpdpwssd = 5 };
 
 // Runs `iterations` rounds of independent chains of `instr` on each of `threads` pool threads and
 // adds the products (multiply-adds) done to *products; 0 when the active variant or the CPU lacks

@@ -22,10 +22,10 @@ from mindie.model.llama import AttentionMetadata, layer_rope_tables, norm_names
 from mindie.model.moe import EXPERT_PROJECTIONS, expert_name, router_name
 from mindie.model.quantized import QuantizedWeight
 
-# The int8 form makes two byte products per weight and value (its hi and lo planes), so it wins on
-# products per second only when its instruction runs more than twice as many as vdpbf16ps; the margin
-# keeps CPUs where the two are even (AMD Zen 4/5: 2 x 64 byte products against 2 x 32 bf16 ones a cycle)
-# on the bf16 form whatever the noise of the measurement.
+# The int8 form's prompt tile makes one int16 product per weight and value (its planes as one int16,
+# vpdpwssd or vpmaddwd), so it wins on products per second where its instruction runs more of them
+# than vdpbf16ps; the margin keeps CPUs where the two are even (AMD Zen 4/5: 32 pairs a vector
+# either way) on the bf16 form whatever the noise of the measurement.
 _INT8_MARGIN = 1.5
 
 
@@ -43,9 +43,9 @@ def prompt_rows_in_bf16() -> bool:
     if not _C.qmatmul_bf16_native() or forced:
         return _C.qmatmul_bf16_native() and forced != "int8"
     features = _C.cpu_features()
-    int8 = "vpdpbusd" if features["avx512_vnni"] else "vpmaddubsw"
+    int8 = "vpdpwssd" if features["avx512_vnni"] else "vpmaddwd"
     bf16 = "tdpbf16ps" if features["amx_bf16"] else "vdpbf16ps"
-    return _C.dot_peak(int8, 1, 0.03) / 2 < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
+    return _C.dot_peak(int8, 1, 0.03) < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
 
 
 class QuantizedLlamaModel:

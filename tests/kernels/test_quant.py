@@ -300,6 +300,7 @@ def test_dot_peak_counts_the_instructions_the_cpu_has():
     has = {"vpdpbusd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
            "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar",
            "vpmaddwd": _C.get_isa() != "scalar",
+           "vpdpwssd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
            "tdpbf16ps": _C.get_isa() == "avx512" and _C.cpu_features()["amx_bf16"]}
     for instruction, present in has.items():
         assert (_C.dot_peak(instruction, _C.get_num_threads(), 0.03) > 0) == present, instruction
