@@ -40,10 +40,11 @@ inline VecI maddubs(VecI acc, VecI u, VecI s) {
 }
 inline VecI maddwd(VecI acc, VecI u, VecI s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(u, s)); }
 inline int32_t fold(VecI v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
+  alignas(32) int32_t a[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), v);
+  int32_t s = 0;
+  for (int32_t x : a) s += x;
+  return s;
 }
 #endif
 
@@ -66,10 +67,10 @@ int64_t run_chains(int64_t iterations, VecI u, VecI s, Step&& step) {
 
 // The prompt tiles' forms (and vpmaddubsw) as the tiles run them: two weight vectors against four
 // (AVX2) or six (AVX-512) broadcasts into as many accumulators per weight, the operands loaded from
-// L1 at an index that changes each round; eight vpdpwssd chains alone are held by its latency. With operands in registers GCC, seeing loop-invariant products,
-// computes them once outside the loop and times vpaddd alone (1.4x vpmaddubsw's real rate on a
-// Sapphire Rapids core); a chain of products feeding each on the last (acc + f(acc)) is held by its
-// latency instead (vpmaddwd there at 0.7x this loop's rate).
+// L1 at an index that changes each round. With operands in registers GCC, seeing loop-invariant
+// products, computes them once outside the loop and times vpaddd alone (1.4x vpmaddubsw's real rate
+// on a Sapphire Rapids core); a chain of products feeding each on the last (acc + f(acc)) is held by
+// its latency instead (vpmaddwd there at 0.7x this loop's rate), as are eight vpdpwssd chains.
 template <class Step>
 int64_t run_tile(int64_t iterations, Step&& step) {
   constexpr int kRounds = 8, kRows = kBytes == 64 ? 6 : 4, kAcc = 2 * kRows;
@@ -126,7 +127,7 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
   if (instr == DotInstr::kTdpbf16ps && use_amx_bf16()) return amx_bf16(iterations);
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  if (instr == DotInstr::kVpdpwssd && cpu_has_avx512_vnni())  // 16 int16 pairs per 64 bytes
+  if (instr == DotInstr::kVpdpwssd && cpu_has_avx512_vnni())  // one product per 2 bytes
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return _mm512_dpwssd_epi32(acc, u, s); }) / 2;
   if (instr == DotInstr::kVpdpbusd && cpu_has_avx512_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
@@ -141,7 +142,7 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
 #if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
   if (instr == DotInstr::kVpmaddubsw)
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return maddubs(acc, u, s); });
-  if (instr == DotInstr::kVpmaddwd)  // 16 int16 pairs per 32 bytes (32 per 64)
+  if (instr == DotInstr::kVpmaddwd)  // one product per 2 bytes
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return maddwd(acc, u, s); }) / 2;
 #endif
   (void)instr;
