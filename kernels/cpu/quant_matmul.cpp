@@ -524,9 +524,17 @@ void qmatmul(const QMatmulArgs& a) {
     return run_bf16<Bf16PanelGeneric>(a);
   }
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  if (use_avx512_vnni()) return run_int8<Int8Panel<true>>(a);
+  if (use_avx512_vnni()) {
+    bool signed_q = false;
+    for (int j = 0; j < a.num_targets; ++j) signed_q = signed_q || qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
+    return signed_q ? run_int8<WidePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
+  }
 #endif
+#if defined(MINDIE_ISA_AVX512)
+  return run_int8<WidePanel<false>>(a);
+#else
   run_int8<Int8Panel<false>>(a);
+#endif
 }
 
 void qmatmul_batch(const QMatmulBatchArgs& b) {

@@ -12,11 +12,11 @@
 //     f = fma(offset_j, sum_c(j), f)        (unsigned q only; sum_c(j) = d * sum of 128 * hi + lo)
 // one scalar chain per element in one lane, whatever the ISA's vector width, the tile shape or the
 // thread split: an output element is reduced identically wherever it is computed. How s is summed
-// is the path's own, since any order gives the same exact int32: the prompt tiles (AVX2, AVX-512)
-// multiply int16, q against 128 * hi + lo (ActRef::wide) in one vpmaddwd or vpdpwssd; the decode
-// GEMV (stream) and the scalar tile take byte products of q against each plane (vpdpbusd or
-// vpmaddubsw; unsigned q goes straight into the unsigned operand, signed q (Q8_0) goes in as |q|
-// with its sign moved onto the activations).
+// is the path's own, since any order gives the same exact int32: the prompt tiles of AVX2 and
+// AVX-512 (WidePanel) multiply int16, q against 128 * hi + lo (ActRef::wide) in one vpmaddwd or
+// vpdpwssd; the decode GEMV (stream), AVX-512's VNNI byte tile and the scalar tile take byte
+// products of q against each plane (vpdpbusd or vpmaddubsw; unsigned q goes straight into the
+// unsigned operand, signed q (Q8_0) goes in as |q| with its sign moved onto the activations).
 #pragma once
 
 #include <algorithm>
@@ -84,22 +84,23 @@ struct BlockPrefetch {
 
 #if defined(MINDIE_ISA_AVX512)
 
-// AVX-512: a panel's 16 rows are one vector's 16 int32 lanes.
+// AVX-512: a panel's 16 rows are one vector's 16 int32 lanes. Vnni: vpdpbusd, else
+// vpmaddubsw + vpmaddwd (the same exact int32 sums either way). The byte tile here is the VNNI
+// prompt path of unsigned formats; WidePanel (below) takes the rest.
 template <bool Vnni>
 struct Int8Panel {
-  // The prompt tile multiplies int16, as the AVX2 one: q (staged in the wide layout) against
-  // 128 * hi + lo in one vpdpwssd (VNNI) or vpmaddwd + vpaddd, where the two byte planes took two
-  // vpdpbusd, or two vpmaddubsw + vpmaddwd + vpaddd, plus the sign moves of Q8_0. 2 panels x 6 rows:
-  // 12 int32 and 12 float accumulators. On a Sapphire Rapids core, 2048 x 96 tiles, G multiply-adds
-  // a second from the byte planes (3 x 4 tiles) to int16: Q4 146-164 -> 164 (VNNI) and 66 -> 106
-  // (without), Q6_K 119-131 -> 144 and 59 -> 97, Q8_0 65 -> 173 and 42 -> 103; int16 in 3 x 4 tiles
-  // ran at 140 (VNNI) and 100 (without).
-  static constexpr int kTilePanels = 2;
-  static constexpr int kTileCols = 6;
-  using Weight = int16_t;
-  static constexpr bool kWide = true;
+  // Panels x activation rows per register tile: 3 x 4 int32 and float accumulators, three weight
+  // vectors and a broadcast fit the 32 vector registers (5-10% faster than 2 x 4 or 2 x 6 at 32
+  // and 512 rows; 1 x 8 runs at less than half the speed).
+  static constexpr int kTilePanels = 3;
+  static constexpr int kTileCols = 4;
+  using Weight = int8_t;
+  static constexpr bool kWide = false;
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
+  }
 
-  // Int8 bytes against the planes, for the decode GEMV (stream).
   static __m512i dot(__m512i acc, __m512i u, __m512i s) {
     if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
     else return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)));
@@ -109,36 +110,9 @@ struct Int8Panel {
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
   }
-
-  // Block b of a packed panel staged in the wide layout (see StagedPanel).
-  template <QFormat F>
-  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int16_t* q, float* scale, float* offset) {
-    const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
-    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m512i* u, int) {
-      for (int v = 0; v < 8; ++v) {
-        // Rows 0-7 and 8-15 widened (Q8_0's signed bytes or values below 64: sign-extended either
-        // way), then each row's first and second pair gathered into one vector each.
-        const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(u[v]));
-        const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(u[v], 1));
-        int16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32;
-        _mm512_storeu_si512(dst, _mm512_permutex2var_epi32(lo, first, hi));
-        _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi32(lo, second, hi));
-      }
-    });
-  }
-  // k values of an activation row as 128 * hi + lo (ActRef::wide).
-  static void widen(const int8_t* hi, const int8_t* lo, int64_t k, int16_t* out) {
-    for (int64_t i = 0; i < k; i += 32) {
-      const __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i)));
-      const __m512i l = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
-      _mm512_storeu_si512(out + i, _mm512_add_epi16(_mm512_slli_epi16(h, 7), l));
-    }
-  }
-
   // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
   template <int R, int C, bool Signed, int S>
-  static void tile(const StagedPanel<int16_t>* w, const ActRef* x, int64_t groups, float* out) {
+  static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
@@ -146,21 +120,28 @@ struct Int8Panel {
       __m512i acc[R][C];
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
-#pragma GCC unroll 16
-      for (int p = 0; p < 8 * S; ++p) {
-        __m512i wq[R];
-        for (int r = 0; r < R; ++r) wq[r] = _mm512_loadu_si512(w[r].q + (8 * j + p) * 32);
-        for (int c = 0; c < C; ++c) {
-          const __m512i b = broadcast4(x[c].wide + 16 * j + 2 * p);
+      for (int plane = 0; plane < 2; ++plane) {
+        if (plane == 1)
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
+        for (int v = 0; v < 4 * S; ++v) {
+          __m512i wq[R];
+          __mmask64 neg[R];
           for (int r = 0; r < R; ++r) {
-            if constexpr (Vnni) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], wq[r], b);
-            else acc[r][c] = _mm512_add_epi32(acc[r][c], _mm512_madd_epi16(wq[r], b));
+            wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupValues + v * 64);
+            if constexpr (Signed) {
+              neg[r] = _mm512_movepi8_mask(wq[r]);
+              wq[r] = _mm512_abs_epi8(wq[r]);
+            }
+          }
+          for (int c = 0; c < C; ++c) {
+            const __m512i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+            for (int r = 0; r < R; ++r) {
+              if constexpr (Signed) acc[r][c] = dot(acc[r][c], wq[r], _mm512_mask_sub_epi8(b, neg[r], _mm512_setzero_si512(), b));
+              else acc[r][c] = dot(acc[r][c], wq[r], b);
+            }
           }
         }
-        // Pins the running sums once a pair: GCC otherwise reassociates the exact int32 adds into
-        // one tree per span, every product first and spilled (103 -> 65 G/s without VNNI).
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) asm("" : "+v"(acc[r][c]));
       }
       for (int r = 0; r < R; ++r) {
         const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
@@ -173,6 +154,7 @@ struct Int8Panel {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
+
 
   // Few activation rows (decode): a packed panel (see quant.h) read as it lies. Vector u[v] holds
   // values 4v..4v+3 of a block's 16 rows, one row per lane (decode_block), and meets 4 activation
@@ -246,6 +228,90 @@ struct Int8Panel {
   }
 };
 
+// The int16 prompt tile over staged panels in the wide layout, with Int8Panel's decode GEMV. Where
+// VNNI runs formats of unsigned q, Int8Panel's byte tile stays (quant_matmul.cpp's qmatmul): it
+// stages half the bytes, and at 9 to 64 rows (decode batches) it ran 6-11% faster than this one for
+// Q4_0 and 2-8% for Q6_K on a Sapphire Rapids (2048 x 8192, 2 threads), Q4_K even.
+template <bool Vnni>
+struct WidePanel : Int8Panel<Vnni> {
+  using Int8Panel<Vnni>::broadcast4;
+  // The prompt tile multiplies int16, as the AVX2 one: q (staged in the wide layout) against
+  // 128 * hi + lo in one vpdpwssd (VNNI) or vpmaddwd + vpaddd, where the two byte planes took two
+  // vpdpbusd, or two vpmaddubsw + vpmaddwd + vpaddd, plus the sign moves of Q8_0. 2 panels x 6 rows:
+  // 12 int32 and 12 float accumulators. On a Sapphire Rapids core, 2048 x 96 tiles, G multiply-adds
+  // a second from the byte planes (3 x 4 tiles) to int16: Q4 146-164 -> 164 (VNNI) and 66 -> 106
+  // (without), Q6_K 119-131 -> 144 and 59 -> 97, Q8_0 65 -> 173 and 42 -> 103; int16 in 3 x 4 tiles
+  // ran at 140 (VNNI) and 100 (without).
+  static constexpr int kTilePanels = 2;
+  static constexpr int kTileCols = 6;
+  using Weight = int16_t;
+  static constexpr bool kWide = true;
+
+  // Block b of a packed panel staged in the wide layout (see StagedPanel).
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int16_t* q, float* scale, float* offset) {
+    const __m512i first = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
+    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m512i* u, int) __attribute__((always_inline)) {
+      for (int v = 0; v < 8; ++v) {
+        // Rows 0-7 and 8-15 widened (Q8_0's signed bytes or values below 64: sign-extended either
+        // way), then each row's first and second pair gathered into one vector each.
+        const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(u[v]));
+        const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(u[v], 1));
+        int16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32;
+        _mm512_storeu_si512(dst, _mm512_permutex2var_epi32(lo, first, hi));
+        _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi32(lo, second, hi));
+      }
+    });
+  }
+  // k values of an activation row as 128 * hi + lo (ActRef::wide).
+  static void widen(const int8_t* hi, const int8_t* lo, int64_t k, int16_t* out) {
+    for (int64_t i = 0; i < k; i += 32) {
+      const __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi + i)));
+      const __m512i l = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + i)));
+      _mm512_storeu_si512(out + i, _mm512_add_epi16(_mm512_slli_epi16(h, 7), l));
+    }
+  }
+
+  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
+  template <int R, int C, bool Signed, int S>
+  static void tile(const StagedPanel<int16_t>* w, const ActRef* x, int64_t groups, float* out) {
+    __m512 f[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < groups; j += S) {
+      __m512i acc[R][C];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+      for (int p = 0; p < 8 * S; ++p) {
+        __m512i wq[R];
+        for (int r = 0; r < R; ++r) wq[r] = _mm512_loadu_si512(w[r].q + (8 * j + p) * 32);
+        for (int c = 0; c < C; ++c) {
+          const __m512i b = broadcast4(x[c].wide + 16 * j + 2 * p);
+          for (int r = 0; r < R; ++r) {
+            if constexpr (Vnni) acc[r][c] = _mm512_dpwssd_epi32(acc[r][c], wq[r], b);
+            else acc[r][c] = _mm512_add_epi32(acc[r][c], _mm512_madd_epi16(wq[r], b));
+          }
+        }
+        // Pins the running sums once a pair: GCC otherwise reassociates the exact int32 adds into
+        // one tree per span, every product first and spilled (103 -> 65 G/s without VNNI).
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) asm("" : "+v"(acc[r][c]));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
+        for (int c = 0; c < C; ++c) {
+          f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), f[r][c]);
+          if constexpr (!Signed) f[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].template sum<S>(j / S)), f[r][c]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
+  }
+};
+
 // sum of 128 * hi[i] + lo[i] over 16 values, exactly (|sum| < 2^19).
 inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
   const __m512i h = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)));
@@ -299,7 +365,7 @@ struct Int8Panel {
   template <QFormat F>
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int16_t* q, float* scale, float* offset) {
     const __m256i pairs_apart = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m256i* u, int r0) {
+    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m256i* u, int r0) __attribute__((always_inline)) {
       for (int v = 0; v < 8; ++v) {
         // Rows 0-3 and 4-7 widened (bytes are Q8_0's signed values or values below 64: sign-extended
         // either way), then each row's two pairs sent to the two output vectors.
