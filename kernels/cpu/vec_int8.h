@@ -114,12 +114,10 @@ struct Int8Panel {
   template <int R, int C, bool Signed, int S>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
+    clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m512i acc[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+      clear(acc);
       for (int plane = 0; plane < 2; ++plane) {
         if (plane == 1)
           for (int r = 0; r < R; ++r)
@@ -143,14 +141,31 @@ struct Int8Panel {
           }
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
-        for (int c = 0; c < C; ++c) {
-          f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), f[r][c]);
-          if constexpr (!Signed) f[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].template sum<S>(j / S)), f[r][c]);
-        }
+      add_span<R, C, Signed, S>(w, x, j, acc, f);
+    }
+    store(f, out);
+  }
+
+  // f += span j's exact sums acc, scaled: the float chain every path runs (see the top of the file).
+  template <int R, int C, bool Signed, int S, class Q>
+  static void add_span(const StagedPanel<Q>* w, const ActRef* x, int64_t j, const __m512i (&acc)[R][C], __m512 (&f)[R][C]) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
+      for (int c = 0; c < C; ++c) {
+        f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), f[r][c]);
+        if constexpr (!Signed) f[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].template sum<S>(j / S)), f[r][c]);
       }
     }
+  }
+  // Every vector of a register tile set to zero.
+  template <class V, int R, int C>
+  static void clear(V (&v)[R][C]) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) v[r][c] = V{};
+  }
+  // out[(r * C + c) * 16 + lane] = f[r][c]'s lane.
+  template <int R, int C>
+  static void store(const __m512 (&f)[R][C], float* out) {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
   }
@@ -235,6 +250,7 @@ struct Int8Panel {
 template <bool Vnni>
 struct WidePanel : Int8Panel<Vnni> {
   using Int8Panel<Vnni>::broadcast4;
+  using Int8Panel<Vnni>::clear;
   // The prompt tile multiplies int16, as the AVX2 one: q (staged in the wide layout) against
   // 128 * hi + lo in one vpdpwssd (VNNI) or vpmaddwd + vpaddd, where the two byte planes took two
   // vpdpbusd, or two vpmaddubsw + vpmaddwd + vpaddd, plus the sign moves of Q8_0. 2 panels x 6 rows:
@@ -277,12 +293,10 @@ struct WidePanel : Int8Panel<Vnni> {
   template <int R, int C, bool Signed, int S>
   static void tile(const StagedPanel<int16_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) f[r][c] = _mm512_setzero_ps();
+    clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m512i acc[R][C];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+      clear(acc);
 #pragma GCC unroll 16
       for (int p = 0; p < 8 * S; ++p) {
         __m512i wq[R];
@@ -299,16 +313,9 @@ struct WidePanel : Int8Panel<Vnni> {
         for (int r = 0; r < R; ++r)
           for (int c = 0; c < C; ++c) asm("" : "+v"(acc[r][c]));
       }
-      for (int r = 0; r < R; ++r) {
-        const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
-        for (int c = 0; c < C; ++c) {
-          f[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][c]), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), f[r][c]);
-          if constexpr (!Signed) f[r][c] = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].template sum<S>(j / S)), f[r][c]);
-        }
-      }
+      Int8Panel<Vnni>::template add_span<R, C, Signed, S>(w, x, j, acc, f);
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + (r * C + c) * 16, f[r][c]);
+    Int8Panel<Vnni>::store(f, out);
   }
 };
 
