@@ -40,9 +40,9 @@ def cpu_summary() -> str:
     info = Path("/proc/cpuinfo").read_text()
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
     flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
-    isa: list[str] = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
+    isa: list[str] = [f for f in ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
     isa += sorted(f for f in flags if f.startswith("amx"))
-    return f"{name}; ISA: {' '.join(isa) or 'none of avx2/avx512f/avx512_vnni/avx512_bf16/amx'}"
+    return f"{name}; ISA: {' '.join(isa) or 'none of avx2/avx_vnni/avx512f/avx512_vnni/avx512_bf16/amx'}"
 
 
 def fmt_ms(seconds: float) -> str:

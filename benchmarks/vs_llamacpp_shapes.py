@@ -108,7 +108,8 @@ def prefill_instruction() -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
     if prompt_rows_in_bf16():
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
-    if _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"]:
+    vnni = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
+    if vnni is not None and _C.cpu_features()[vnni]:
         return "vpdpwssd"  # the prompt tiles' int16 products (vec_int8.h)
     return "vpmaddwd"
 

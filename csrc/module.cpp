@@ -38,15 +38,16 @@ PYBIND11_MODULE(_C, m) {
     pybind11::dict d;
     d["avx512_bf16"] = kc::cpu_has_avx512_bf16();
     d["avx512_vnni"] = kc::cpu_has_avx512_vnni();
+    d["avx_vnni"] = kc::cpu_has_avx_vnni();
     d["amx_bf16"] = kc::cpu_has_amx_bf16();
     return d;
   }, "Optional instructions the kernels use when the CPU has them (amx_bf16: and the OS grants the tiles).");
   m.def("set_amx_bf16", &kc::set_use_amx_bf16, pybind11::arg("enabled"),
         "Lets the AVX-512 variant compute bf16 rows on AMX tiles where the CPU has them (the default), or "
         "not: tests compare the tiles with vdpbf16ps.");
-  m.def("set_avx512_vnni", &kc::set_use_avx512_vnni, pybind11::arg("enabled"),
-        "Lets the AVX-512 variant's int8 dot products use vpdpbusd where the CPU has it (the default), or "
-        "not: tests run the vpmaddubsw form on a CPU with VNNI.");
+  m.def("set_vnni", &kc::set_use_vnni, pybind11::arg("enabled"),
+        "Lets the int8 dot products use VNNI where the CPU has it (the default: AVX512-VNNI in the AVX-512 "
+        "variant, AVX-VNNI in the AVX2 one), or not: tests run the vpmaddubsw and vpmaddwd forms on such a CPU.");
   m.def("get_isa", [] { return std::string(kc::isa_name(kc::active_isa())); }, "The active kernel variant.");
   m.def("set_isa", [](const std::string& name) {
     try {

@@ -139,6 +139,21 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
+bool cpu_has_avx_vnni() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool has = [] {
+    // CPUID.(EAX=7, ECX=1):EAX bit 4, and the OS saving the ymm state (as for AVX2).
+    unsigned eax, ebx, ecx, edx;
+    __builtin_cpu_init();
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4)) != 0 &&
+           __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_amx_bf16() {
 #if MINDIE_HAVE_AMX_BF16 && defined(__x86_64__) && defined(__linux__)
   static const bool has = [] {
@@ -163,7 +178,8 @@ std::atomic<bool> g_amx_enabled{true};
 }  // namespace
 
 bool use_avx512_vnni() { return cpu_has_avx512_vnni() && g_vnni_enabled.load(std::memory_order_relaxed); }
-void set_use_avx512_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_order_relaxed); }
+bool use_avx_vnni() { return cpu_has_avx_vnni() && g_vnni_enabled.load(std::memory_order_relaxed); }
+void set_use_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_order_relaxed); }
 bool use_amx_bf16() { return cpu_has_amx_bf16() && g_amx_enabled.load(std::memory_order_relaxed); }
 void set_use_amx_bf16(bool enabled) { g_amx_enabled.store(enabled, std::memory_order_relaxed); }
 

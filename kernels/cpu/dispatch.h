@@ -18,11 +18,16 @@ void set_active_isa(Isa isa);
 const char* isa_name(Isa isa);
 // AVX512-BF16 (vdpbf16ps): the AVX-512 variant uses it for bf16 x bf16 dot products when present.
 bool cpu_has_avx512_bf16();
-// AVX512-VNNI (vpdpbusd): the AVX-512 variant's int8 dot products use it when present.
+// AVX512-VNNI (vpdpbusd, vpdpwssd): the AVX-512 variant's int8 dot products use it when present.
 bool cpu_has_avx512_vnni();
-// Whether they use it now: present and not turned off (tests run the AVX-512BW form on a VNNI CPU).
+// AVX-VNNI (the same two on 256-bit vectors, VEX-encoded; Intel Alder Lake, Sierra Forest and later
+// have it without AVX-512): the AVX2 variant's int8 dot products use it when present.
+bool cpu_has_avx_vnni();
+// Whether they use them now: present and not turned off (tests and A/B runs take the vpmaddubsw and
+// vpmaddwd forms on a CPU with VNNI). One switch for both variants.
 bool use_avx512_vnni();
-void set_use_avx512_vnni(bool enabled);
+bool use_avx_vnni();
+void set_use_vnni(bool enabled);
 // AMX-BF16 (tdpbf16ps on tiles) usable: the CPU has it and the kernel granted this process the tile
 // state (arch_prctl ARCH_REQ_XCOMP_PERM, asked on the first call). The AVX-512 variant then computes
 // bf16 rows on tiles.

@@ -10,6 +10,7 @@
 #include "cpu/parallel.h"
 #include "cpu/vec.h"
 #include "cpu/vec_amx.h"
+#include "cpu/vec_int8.h"
 
 namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
@@ -132,6 +133,13 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
   if (instr == DotInstr::kVpdpbusd && cpu_has_avx512_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
                       [](VecI acc, VecI u, VecI s) { return _mm512_dpbusd_epi32(acc, u, s); });
+#endif
+#if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
+  if (instr == DotInstr::kVpdpwssd && cpu_has_avx_vnni())  // the AVX2 prompt tile's products
+    return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot_pairs(acc, u, s); }) / 2;
+  if (instr == DotInstr::kVpdpbusd && cpu_has_avx_vnni())
+    return run_chains(iterations, set1_i8(3), set1_i8(1),
+                      [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot(acc, u, s); });
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_BF16_DOT)
   if (instr == DotInstr::kVdpbf16ps && cpu_has_avx512_bf16())

@@ -7,10 +7,10 @@
 
 namespace mindie::kernels::cpu {
 
-// kVpdpbusd: the int8 form's AVX-512 VNNI product; kVpmaddubsw: its AVX-512BW / AVX2 form
-// (vpmaddubsw + vpmaddwd + vpaddd, as Int8Panel::dot without VNNI); kVpmaddwd: the prompt tiles'
-// int16 product (vpmaddwd + vpaddd); kVpdpwssd: its AVX-512 VNNI form; kVdpbf16ps: the bf16 form's;
-// kTdpbf16ps: the bf16 form's on AMX tiles (vec_amx.h).
+// kVpdpbusd: the int8 form's VNNI product (AVX512-VNNI, or AVX-VNNI in the AVX2 variant);
+// kVpmaddubsw: its AVX-512BW / AVX2 form (vpmaddubsw + vpmaddwd + vpaddd, as Int8Panel::dot without
+// VNNI); kVpmaddwd: the prompt tiles' int16 product (vpmaddwd + vpaddd); kVpdpwssd: its VNNI form
+// (likewise); kVdpbf16ps: the bf16 form's; kTdpbf16ps: the bf16 form's on AMX tiles (vec_amx.h).
 enum class DotInstr : int { kVpdpbusd = 0, kVpmaddubsw = 1, kVdpbf16ps = 2, kTdpbf16ps = 3, kVpmaddwd = 4, kVpdpwssd = 5 };
 
 // Runs `iterations` rounds of independent chains of `instr` on each of `threads` pool threads and

@@ -530,6 +530,9 @@ void qmatmul(const QMatmulArgs& a) {
     return signed_q ? run_int8<WidePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
   }
 #endif
+#if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
+  if (use_avx_vnni()) return run_int8<Int8Panel<true>>(a);
+#endif
 #if defined(MINDIE_ISA_AVX512)
   return run_int8<WidePanel<false>>(a);
 #else
@@ -543,6 +546,9 @@ void qmatmul_batch(const QMatmulBatchArgs& b) {
                                 std::to_string(b.num_calls));
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
   if (use_avx512_vnni()) return run_int8_batch<Int8Panel<true>>(b);
+#endif
+#if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
+  if (use_avx_vnni()) return run_int8_batch<Int8Panel<true>>(b);
 #endif
   run_int8_batch<Int8Panel<false>>(b);
 }

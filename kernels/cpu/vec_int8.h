@@ -346,21 +346,55 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 
 #elif defined(MINDIE_ISA_AVX2)
 
-// AVX2: a panel's 16 rows are two vectors of 8 int32 lanes (rows 0-7, 8-15).
+#if defined(MINDIE_AVX_VNNI)
+constexpr bool kAvxVnniBuilt = true;
+#else
+constexpr bool kAvxVnniBuilt = false;
+#endif
+
+// AVX2: a panel's 16 rows are two vectors of 8 int32 lanes (rows 0-7, 8-15). Vnni: AVX-VNNI's
+// vpdpwssd and vpdpbusd on these vectors (use_avx_vnni), else vpmaddwd + vpaddd and vpmaddubsw +
+// vpmaddwd + vpaddd: the same exact int32 sums either way. The VNNI instructions are inline asm
+// (see MINDIE_AVX_VNNI in CMakeLists.txt).
 template <bool Vnni>
 struct Int8Panel {
+  static_assert(!Vnni || kAvxVnniBuilt, "AVX-VNNI needs an assembler that knows it (MINDIE_AVX_VNNI)");
   // The prompt tile multiplies int16: q against 128 * hi + lo in one vpmaddwd, where the two byte
   // planes took two vpmaddubsw and the int16 sums between them (Q8_0's |q| up to 128 allowing none).
   // One panel x 4 activation rows (8 int32 accumulators; the float ones spill once a span). On a
   // Sapphire Rapids core, 2048 x 96 tiles: 56 -> 76 G multiply-adds/s (Q4), 55 -> 67 (Q6_K), 32 -> 77
-  // (Q8_0); 4 rows beat 3 by 6-19% at k = 8192 (the panel from L2 rather than L1).
+  // (Q8_0); 4 rows beat 3 by 6-19% at k = 8192 (the panel from L2 rather than L1). With VNNI, 6 rows:
+  // each vpdpwssd waits for the last into its accumulator (5 cycles), and 8 accumulators would hold
+  // two a cycle to 1.6; 12 of them, the two weight vectors and a broadcast fill the 16 registers.
   static constexpr int kTilePanels = 1;
-  static constexpr int kTileCols = 4;
+  static constexpr int kTileCols = Vnni ? 6 : 4;
   using Weight = int16_t;
   static constexpr bool kWide = true;
 
+  // acc plus the sums of 4 byte products, unsigned u by signed s.
   static __m256i dot(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    if constexpr (Vnni) {
+#if defined(MINDIE_AVX_VNNI)
+      asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+#endif
+      return acc;
+    } else {
+      return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+    }
+  }
+  // acc plus the sums of 2 int16 products, w by b.
+  static __m256i dot_pairs(__m256i acc, __m256i w, __m256i b) {
+    if constexpr (Vnni) {
+#if defined(MINDIE_AVX_VNNI)
+      asm("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(b));
+#endif
+    } else {
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w, b));
+      // Pins the running sum: GCC otherwise reassociates the exact int32 adds into one tree per
+      // span, computing every product first and spilling them (76 -> 48 G/s).
+      asm("" : "+x"(acc));
+    }
+    return acc;
   }
   static __m256i broadcast4(const void* p) {
     int32_t v;
@@ -412,10 +446,7 @@ struct Int8Panel {
           const __m256i b = broadcast4(x[c].wide + 16 * j + 2 * p);
           for (int r = 0; r < R; ++r)
             for (int h = 0; h < 2; ++h) {
-              acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(wq[r][h], b));
-              // Pins the running sum: GCC otherwise reassociates the exact int32 adds into one tree
-              // per span, computing every product first and spilling them (76 -> 48 G/s).
-              asm("" : "+x"(acc[r][c][h]));
+              acc[r][c][h] = dot_pairs(acc[r][c][h], wq[r][h], b);
             }
         }
       }
@@ -470,16 +501,35 @@ struct Int8Panel {
               f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc[0], _mm256_set1_ps(x[c].d[b])), f[c][h]);
             } else {
               __m256i sum[2] = {z, z};  // per span (S = 1), or sum[0] alone
-              for (int plane = 0; plane < 2; ++plane) {
-                const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
-                for (int v0 = 0; v0 < 8; v0 += kPairSums) {
-                  __m256i pairs = z;
-                  for (int v = v0; v < v0 + kPairSums; ++v) {
+              if constexpr (Vnni) {
+                // acc[plane][e]: span e's sums (S = 1), or those of the block's even and odd quads
+                // (S = 2: two chains of vpdpbusd's latency rather than one of 8).
+                __m256i acc[2][2] = {{z, z}, {z, z}};
+                for (int plane = 0; plane < 2; ++plane) {
+                  const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                  for (int v = 0; v < 8; ++v) {
                     if (h == 0 && c == 0) ahead.slot(8 * plane + v);
-                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+                    __m256i& s = acc[plane][S == 2 ? v % 2 : v / 4];
+                    s = dot(s, u[v], broadcast4(a + 4 * v));
                   }
-                  const int span = S == 2 ? 0 : v0 / 4;
-                  sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
+                }
+                if constexpr (S == 2) {
+                  acc[0][0] = _mm256_add_epi32(acc[0][0], acc[0][1]);
+                  acc[1][0] = _mm256_add_epi32(acc[1][0], acc[1][1]);
+                }
+                for (int e = 0; e < 3 - S; ++e) sum[e] = _mm256_add_epi32(_mm256_slli_epi32(acc[0][e], 7), acc[1][e]);
+              } else {
+                for (int plane = 0; plane < 2; ++plane) {
+                  const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                  for (int v0 = 0; v0 < 8; v0 += kPairSums) {
+                    __m256i pairs = z;
+                    for (int v = v0; v < v0 + kPairSums; ++v) {
+                      if (h == 0 && c == 0) ahead.slot(8 * plane + v);
+                      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
+                    }
+                    const int span = S == 2 ? 0 : v0 / 4;
+                    sum[span] = _mm256_add_epi32(sum[span], _mm256_madd_epi16(pairs, _mm256_set1_epi16(plane == 0 ? 128 : 1)));
+                  }
                 }
               }
               const __m256 xd = _mm256_set1_ps(x[c].d[b]);

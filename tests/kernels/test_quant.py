@@ -19,12 +19,15 @@ from mindie import _C, ops
 # (format, packed) for every layout a format comes in.
 LAYOUTS = [(fmt, packed) for packed in (False, True) for fmt in FORMATS]
 
-# The AVX-512 variant's int8 products take vpdpbusd where the CPU has VNNI and vpmaddubsw where it
-# has not, and its bf16 products AMX tiles where the CPU has them and vdpbf16ps where it has not: on
-# such a CPU every form runs, the others as "avx512-novnni" and "avx512-noamx".
-_AVX512 = "avx512" in _C.available_isas()
-VARIANTS = (_C.available_isas() + (["avx512-novnni"] if _AVX512 and _C.cpu_features()["avx512_vnni"] else [])
-            + (["avx512-noamx"] if _AVX512 and _C.cpu_features()["amx_bf16"] else []))
+# The int8 products take VNNI where the CPU has it (AVX512-VNNI in the AVX-512 variant, AVX-VNNI in
+# the AVX2 one) and vpmaddubsw / vpmaddwd where it has not, and the AVX-512 variant's bf16 products
+# AMX tiles where the CPU has them and vdpbf16ps where it has not: on such a CPU every form runs, the
+# others as "avx512-novnni", "avx2-novnni" and "avx512-noamx".
+_ISAS = _C.available_isas()
+_FEATURES = _C.cpu_features()
+VARIANTS = (_ISAS + (["avx512-novnni"] if "avx512" in _ISAS and _FEATURES["avx512_vnni"] else [])
+            + (["avx2-novnni"] if "avx2" in _ISAS and _FEATURES["avx_vnni"] else [])
+            + (["avx512-noamx"] if "avx512" in _ISAS and _FEATURES["amx_bf16"] else []))
 
 
 @pytest.fixture(params=VARIANTS)
@@ -32,11 +35,11 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test once per kernel variant (and product form) this build has and this CPU runs."""
     previous = _C.get_isa()
     _C.set_isa(request.param.split("-")[0])
-    _C.set_avx512_vnni(not request.param.endswith("-novnni"))
+    _C.set_vnni(not request.param.endswith("-novnni"))
     _C.set_amx_bf16(not request.param.endswith("-noamx"))
     yield request.param
     _C.set_isa(previous)
-    _C.set_avx512_vnni(True)
+    _C.set_vnni(True)
     _C.set_amx_bf16(True)
 
 
@@ -294,14 +297,38 @@ def test_bad_arguments_raise():
         ops.qmatmul_group(q, d, [(qtype, random_blocks("Q4_1", 4, 96, 0)[0], 96, 4, False)])
 
 
-def test_dot_peak_counts_the_instructions_the_cpu_has():
+@pytest.mark.parametrize("variant", [v.removesuffix("-novnni") for v in VARIANTS if v.endswith("-novnni")])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_vnni_gives_the_same_bits_as_the_products_without_it(variant, fmt):
+    """VNNI (vpdpbusd, vpdpwssd) sums the same exact int32 values as vpmaddubsw / vpmaddwd: decode
+    rows (the streaming GEMV), a decode batch and a prompt's rows (the tiles) get the same bits."""
+    previous = _C.get_isa()
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 45, k, 5)
+    weight, layout = in_layout(data, qtype, True)
+    x = ops.quantize_activations(torch.randn(40, k, generator=torch.Generator().manual_seed(6)))
+    try:
+        _C.set_isa(variant)
+        for m in (1, 3, 8, 9, 40):
+            rows = [a[:m] for a in x]
+            got = {}
+            for vnni in (True, False):
+                _C.set_vnni(vnni)
+                got[vnni] = ops.qmatmul(*rows, weight, qtype, **layout)
+            assert torch.equal(got[True], got[False]), m
+    finally:
+        _C.set_isa(previous)
+        _C.set_vnni(True)
+
+
+def test_dot_peak_counts_the_instructions_the_cpu_has(isa):
     """The benchmarks' register-only peak: positive for each instruction the active variant and the CPU
     run, 0.0 for one they lack, and an unknown name is an error naming the known ones."""
-    has = {"vpdpbusd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
-           "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar",
-           "vpmaddwd": _C.get_isa() != "scalar",
-           "vpdpwssd": _C.get_isa() == "avx512" and _C.cpu_features()["avx512_vnni"],
-           "tdpbf16ps": _C.get_isa() == "avx512" and _C.cpu_features()["amx_bf16"]}
+    vnni = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
+    has_vnni = vnni is not None and _C.cpu_features()[vnni]
+    has = {"vpdpbusd": has_vnni, "vdpbf16ps": _C.qmatmul_bf16_native(), "vpmaddubsw": _C.get_isa() != "scalar",
+           "vpmaddwd": _C.get_isa() != "scalar", "vpdpwssd": has_vnni,
+           "tdpbf16ps": _C.get_isa() == "avx512" and _C.cpu_features()["amx_bf16"] and not isa.endswith("-noamx")}
     for instruction, present in has.items():
         assert (_C.dot_peak(instruction, _C.get_num_threads(), 0.03) > 0) == present, instruction
     with pytest.raises(ValueError, match="vpdpbusd"):
