@@ -2,7 +2,7 @@
 
     python benchmarks/vs_llamacpp_shapes.py --llama-bin DIR [--shapes llama-3.2-1b,smollm2-1.7b]
                                             [--formats Q4_K_M,Q4_0] [--rounds 3] [--repetitions 3] [--threads N]
-                                            [--cache DIR]
+                                            [--cache DIR] [--no-vnni]
 
 Each shape is a GGUF with random weights, F16: a Llama-architecture one (../shared/tools/make-synthetic-gguf.py),
 or a Qwen3, Qwen3-MoE or Gemma 3 one (benchmarks/make_family_gguf.py: qwen3-1.7b, qwen3-4b, gemma-3-1b, and
@@ -104,12 +104,13 @@ def _qtype_name(qtype: int) -> str:
     return gguf.GGMLQuantizationType(qtype).name
 
 
-def prefill_instruction() -> str:
-    """The dot-product instruction our prompt rows run on here (the engine's defaults)."""
+def prefill_instruction(vnni: bool = True) -> str:
+    """The dot-product instruction our prompt rows run on here (the engine's defaults; vnni=False as
+    after _C.set_vnni(False))."""
     if prompt_rows_in_bf16():
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
-    vnni = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
-    if vnni is not None and _C.cpu_features()[vnni]:
+    feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
+    if vnni and feature is not None and _C.cpu_features()[feature]:
         return "vpdpwssd"  # the prompt tiles' int16 products (vec_int8.h)
     return "vpmaddwd"
 
@@ -117,7 +118,7 @@ def prefill_instruction() -> str:
 def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     """Table rows for one GGUF: its rounds, interleaved, then medians."""
     read, flops, formats = per_token_work(path)
-    instr = prefill_instruction()
+    instr = prefill_instruction(not args.no_vnni)
     print(f"\n== {path.name}: {path.stat().st_size / 1e9:.2f} GB ({formats}); a decode token reads "
           f"{read / 1e9:.3f} GB, a prompt token costs {flops / 1e9:.2f} GFLOP", flush=True)
     llm = LLM(str(path), enablePrefixCache=False)
@@ -161,6 +162,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repetitions", type=int, default=3,
                     help="per round: llama-bench -r and our prefill runs (each side's median/mean of them)")
+    ap.add_argument("--no-vnni", action="store_true",
+                    help="our int8 products without VNNI, as on a CPU that lacks it (MINDIE_ISA picks the variant)")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
     if unknown := [s for s in shapes if s not in KNOWN]:
@@ -170,17 +173,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     _C.set_num_threads(args.threads)
+    _C.set_vnni(not args.no_vnni)
     print(f"CPU: {cpu_summary()}")
     print(f"threads: {args.threads} (llama.cpp -t, our kernel pool {_C.get_num_threads()}); our kernel variant "
-          f"{_C.get_isa()}, prefill rows on {prefill_instruction()}")
+          f"{_C.get_isa()}, prefill rows on {prefill_instruction(not args.no_vnni)}")
     files = [model_file(args, s, f) for s in shapes for f in args.formats.split(",")]
     rows = [row for path in files for row in run_file(args, path)]
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
     if not prompt_rows_in_bf16():
+        byte_peaks = ", ".join(f"{i} {2 * _C.dot_peak(i, args.threads) / 1e9:.0f}" for i in ("vpmaddubsw", "vpdpbusd")
+                               if _C.dot_peak(i, 1, 0.01) > 0)
         print(f"(our int8 prompt rows' two planes meet each weight as one int16, 128 * hi + lo: one "
-              f"{prefill_instruction()} product, a ceiling of the peak named; llama.cpp's one byte plane runs on "
-              f"vpmaddubsw, whose peak here is {2 * _C.dot_peak('vpmaddubsw', args.threads) / 1e9:.0f} GFLOP/s)")
+              f"{prefill_instruction(not args.no_vnni)} product, a ceiling of the peak named; llama.cpp's one byte "
+              f"plane runs on vpmaddubsw, or vpdpbusd in a build for VNNI; their peaks here, GFLOP/s: {byte_peaks})")
     print(f"{'model':<28} {'figure':<16} {'llama.cpp':>9} {'ours':>9} {'ratio':>8} {'llama%':>7} {'ours%':>7}   limit")
     print("\n".join(rows))
 

@@ -66,15 +66,18 @@ int64_t run_chains(int64_t iterations, VecI u, VecI s, Step&& step) {
   return iterations * kChains * kBytes;
 }
 
-// The prompt tiles' forms (and vpmaddubsw) as the tiles run them: two weight vectors against four
-// (AVX2) or six (AVX-512) broadcasts into as many accumulators per weight, the operands loaded from
-// L1 at an index that changes each round. With operands in registers GCC, seeing loop-invariant
-// products, computes them once outside the loop and times vpaddd alone (1.4x vpmaddubsw's real rate
-// on a Sapphire Rapids core); a chain of products feeding each on the last (acc + f(acc)) is held by
-// its latency instead (vpmaddwd there at 0.7x this loop's rate), as are eight vpdpwssd chains.
-template <class Step>
+// The prompt tiles' forms (and vpmaddubsw) as the tiles run them: two weight vectors against kRows
+// broadcasts into as many accumulators per weight, the operands loaded from L1 at an index that
+// changes each round. With operands in registers GCC, seeing loop-invariant products, computes them
+// once outside the loop and times vpaddd alone (1.4x vpmaddubsw's real rate on a Sapphire Rapids
+// core); a chain of products feeding each on the last (acc + f(acc)) is held by its latency instead
+// (vpmaddwd there at 0.7x this loop's rate). kRows is six on AVX-512 and for AVX-VNNI's vpdpwssd
+// (as the tiles take them): each vpdpwssd waits 5 cycles for the last one into its accumulator, and
+// four rows' 8 accumulators held a Sapphire Rapids core to 5.5 G of them a second against 7.6 with
+// 12 (and 7.8 in register-only chains). Four for AVX2's other forms, as its tile.
+template <int kRows = kBytes == 64 ? 6 : 4, class Step>
 int64_t run_tile(int64_t iterations, Step&& step) {
-  constexpr int kRounds = 8, kRows = kBytes == 64 ? 6 : 4, kAcc = 2 * kRows;
+  constexpr int kRounds = 8, kAcc = 2 * kRows;
   alignas(64) int8_t w[kRounds][2][kBytes];
   alignas(64) int32_t b[kRounds][kRows];
   std::fill(&w[0][0][0], &w[0][0][0] + sizeof(w), int8_t{3});
@@ -136,7 +139,8 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
 #endif
 #if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
   if (instr == DotInstr::kVpdpwssd && cpu_has_avx_vnni())  // the AVX2 prompt tile's products
-    return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot_pairs(acc, u, s); }) / 2;
+    return run_tile<Int8Panel<true>::kTileCols>(
+               iterations, [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot_pairs(acc, u, s); }) / 2;
   if (instr == DotInstr::kVpdpbusd && cpu_has_avx_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
                       [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot(acc, u, s); });
