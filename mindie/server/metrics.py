@@ -62,6 +62,11 @@ class ServerMetrics:
         self._ttft_recent: deque[float] = deque(maxlen=1000)  # /metrics-json averages
         self._tbt_recent: deque[float] = deque(maxlen=1000)
 
+    @property
+    def received_count(self) -> int:
+        """Requests the server has taken so far (each admitted, whatever became of it)."""
+        return self._received
+
     def received(self, prompt_tokens: int) -> None:
         self._received += 1
         self.request_received.labels(self._label).inc()

@@ -87,13 +87,16 @@ def test_clients_that_give_up_while_queued_never_reach_a_step(served):
     server, held = served
     held.cost_s_per_token = 0.002
     idle = idle_latency(server)
+    received = server.ctx.metrics.received_count
     held.hold()
     blocker = threading.Thread(target=latency, args=(server, {**ONE, "max_tokens": 1}))  # ends in the held step
     blocker.start()
     held.wait_held()  # a long step runs; the burst arrives and gives up behind it
     gave_up = asyncio.run(give_up(server.url + "/generate", BURST, timeout=0.5))
-    # The server has seen every client go: only the blocker is left in flight.
-    dropped = wait_until(lambda: len(server.ctx.in_flight) == 1, timeout=5)
+    # The server has taken every request of the burst (a loaded machine may read one only after
+    # its client gave up) and seen every client go: only the blocker is left in flight.
+    dropped = wait_until(lambda: server.ctx.metrics.received_count == received + 1 + BURST
+                         and len(server.ctx.in_flight) == 1, timeout=10)
     first_after = len(held.steps)
     held.release()
     after = latency(server)
