@@ -171,8 +171,7 @@ class LlamaModel:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        return [(ops.zeros_on_huge_pages(shape, self.dtype), ops.zeros_on_huge_pages(shape, self.dtype))
-                for _ in self.layers]
+        return ops.kv_caches_on_huge_pages(len(self.layers), shape, self.dtype)
 
     @torch.inference_mode()
     def forward(

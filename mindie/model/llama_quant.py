@@ -122,8 +122,7 @@ class QuantizedLlamaModel:
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         c = self.config
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        caches = [(ops.zeros_on_huge_pages(shape, self.kv_dtype), ops.zeros_on_huge_pages(shape, self.kv_dtype))
-                  for _ in range(c.num_layers)]
+        caches = ops.kv_caches_on_huge_pages(c.num_layers, shape, self.kv_dtype)
         dims = {
             "hidden": c.hidden_size, "intermediate": c.intermediate_size, "vocab": c.vocab_size,
             "heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "eps": c.rms_norm_eps,

@@ -8,7 +8,7 @@ sampling); callers use them through this package, as ``ops.paged_attention``.
 from mindie.ops.attention import copy_blocks, paged_attention, reshape_and_cache
 from mindie.ops.encoder import gelu_tanh_, layer_norm
 from mindie.ops.layers import gelu_tanh_and_mul, head_rms_norm, linear, rms_norm, rotary_embedding, silu_and_mul
-from mindie.ops.memory import zeros_on_huge_pages
+from mindie.ops.memory import kv_caches_on_huge_pages
 from mindie.ops.moe import moe_combine, moe_route
 from mindie.ops.quant import (
     dequantize,
@@ -57,5 +57,5 @@ __all__ = [
     "apply_token_bitmask",
     "beam_search_step",
     "sample",
-    "zeros_on_huge_pages",
+    "kv_caches_on_huge_pages",
 ]

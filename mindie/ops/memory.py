@@ -71,10 +71,22 @@ class _HugePageArena:
 weight_arena = _HugePageArena()
 
 
-def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """torch.zeros(shape, dtype) whose whole 2 MiB pages are advised as transparent huge pages (the
-    KV cache: written once at start, then read by every decode step)."""
-    n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    if n < 2 * _HUGE_PAGE:
-        return torch.zeros(shape, dtype=dtype)
-    return _advised_chunk(-(-n // _HUGE_PAGE) * _HUGE_PAGE)[:n].view(dtype).view(shape).zero_()
+def kv_caches_on_huge_pages(num_layers: int, shape: tuple[int, ...],
+                            dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's (key, value) cache, zeros of `shape`, one after another in one region whose whole
+    2 MiB pages are advised as transparent huge pages (written once at start, then read by every
+    decode step). One region rather than one per cache: zeroing a cache on pages of its own made its
+    last page resident whole, 1.9 MiB of each of the embedded model's 60 caches (112 MiB of 2 GiB)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    n = torch.Size(shape).numel() * elem
+    slot = -(-n // 64) * 64  # each cache on a cache line, for the kernels' vector loads
+    total = 2 * num_layers * slot
+    if total < 2 * _HUGE_PAGE:
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(num_layers)]
+    region = _advised_chunk(-(-total // _HUGE_PAGE) * _HUGE_PAGE)[:total]
+    region.zero_()
+
+    def cache(i: int) -> torch.Tensor:
+        return region[i * slot:i * slot + n].view(dtype).view(shape)
+
+    return [(cache(2 * layer), cache(2 * layer + 1)) for layer in range(num_layers)]
