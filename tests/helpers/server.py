@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 from dataclasses import replace
@@ -15,11 +16,26 @@ from mindie.server.config import ServerSettings
 from mindie.server.launcher import load, serve
 from mindie.server.serving import Serving
 
+_handed_out: set[int] = set()
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on `host` and not handed out before by this process, below the kernel's
+    ephemeral range (32768 up): a port from bind(0) can be taken by an outgoing connection or another
+    bind(0) before the server binds it (two PD audio tests once failed on 'address already in use');
+    helpers.cluster.on_free_ports takes its port blocks the same way."""
+    for _ in range(1000):
+        port = random.randrange(10000, 32768)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port on {host} below 32768")
 
 
 def local_settings(model_path: str | None, **changes: object) -> ServerSettings:
