@@ -3,16 +3,14 @@ test, and the figures the tests read from its processes."""
 
 from __future__ import annotations
 
-import random
 import re
-import socket
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import httpx
 
+from helpers.server import free_block
 from mindie.coordinator.cluster import InstancePlan, LocalCluster
 
 # The coordinator binds its predict port and the four after it (manage, alarm, external, status).
@@ -20,29 +18,11 @@ COORDINATOR_PORT_OFFSETS = range(5)
 
 
 def on_free_ports(cluster: LocalCluster) -> LocalCluster:
-    """The cluster on port blocks that are free now on every address it binds, taken below the
-    kernel's ephemeral range (32768 up): a port handed out by bind(0) can be taken by an outgoing
-    connection before the process binds it, or its neighbours already are (a coordinator once died on
-    'address already in use' for its manage port, predict + 1)."""
+    """The cluster on port blocks that are free now on every address it binds (free_block)."""
     plan = InstancePlan("any", "127.0.0.1", 0)
     instance_offsets = (plan.port, plan.mgmt_port, plan.metrics_port, plan.inter_comm_port, plan.inter_comm_port + 1)
-    return replace(cluster, port=_free_block([cluster.coordinator_ip], COORDINATOR_PORT_OFFSETS),
-                   instance_port=_free_block(cluster.instance_ips(), instance_offsets))
-
-
-def _free_block(hosts: list[str], offsets: Iterable[int]) -> int:
-    offsets = list(offsets)
-    for _ in range(1000):
-        base = random.randrange(10000, 32768 - max(offsets))
-        try:
-            with ExitStack() as stack:
-                for host in hosts:
-                    for offset in offsets:
-                        stack.enter_context(socket.socket()).bind((host, base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no free block of ports {offsets} on {hosts} below 32768")
+    return replace(cluster, port=free_block([cluster.coordinator_ip], COORDINATOR_PORT_OFFSETS),
+                   instance_port=free_block(cluster.instance_ips(), instance_offsets))
 
 
 def running(cluster: LocalCluster) -> Iterator[LocalCluster]:

@@ -6,6 +6,8 @@ import asyncio
 import random
 import socket
 import threading
+from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import replace
 
 import httpx
@@ -19,23 +21,32 @@ from mindie.server.serving import Serving
 _handed_out: set[int] = set()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now on `host` and not handed out before by this process, below the kernel's
-    ephemeral range (32768 up): a port from bind(0) can be taken by an outgoing connection or another
-    bind(0) before the server binds it (two PD audio tests once failed on 'address already in use');
-    helpers.cluster.on_free_ports takes its port blocks the same way."""
+def free_block(hosts: list[str], offsets: Iterable[int]) -> int:
+    """A base port whose base + offset, for each offset, is free now on every host and was not handed
+    out before by this process, taken below the kernel's ephemeral range (32768 up): a port handed out
+    by bind(0) can be taken by an outgoing connection or another bind(0) before the process binds it
+    (a coordinator once died on 'address already in use' for its manage port, predict + 1; two PD
+    audio tests for a server's port)."""
+    offsets = list(offsets)
     for _ in range(1000):
-        port = random.randrange(10000, 32768)
-        if port in _handed_out:
+        base = random.randrange(10000, 32768 - max(offsets))
+        ports = {base + offset for offset in offsets}
+        if ports & _handed_out:
             continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port on {host} below 32768")
+        try:
+            with ExitStack() as stack:
+                for host in hosts:
+                    for port in ports:
+                        stack.enter_context(socket.socket()).bind((host, port))
+        except OSError:
+            continue
+        _handed_out.update(ports)
+        return base
+    raise RuntimeError(f"no free block of ports {offsets} on {hosts} below 32768")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    return free_block([host], [0])
 
 
 def local_settings(model_path: str | None, **changes: object) -> ServerSettings:
