@@ -31,6 +31,20 @@ def _libc_madvise() -> Callable[[int, int, int], int] | None:
 _madvise = _libc_madvise()
 
 
+def return_free_heap() -> None:
+    """Hands the free pages of the C heap back to the OS (glibc's malloc_trim), where there is one:
+    what loading a model allocated and freed otherwise stays resident until the heap reuses it (10
+    MiB of the embedded model's start-up). A no-op elsewhere."""
+    if sys.platform != "linux":
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
 def _advised_chunk(n: int) -> torch.Tensor:
     """An uninitialised uint8 [n] (n a multiple of 2 MiB) starting on a 2 MiB boundary, advised as
     transparent huge pages (Linux, THP in madvise mode) before anything touches it. Best effort:

@@ -32,6 +32,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     from tqdm import tqdm
 
     from mindie.model.loader import describe, load_model
+    from mindie.ops.memory import return_free_heap
 
     steps = tqdm(total=2, desc="Loading model", unit="step", disable=not progress, dynamic_ncols=True)
     loaded = load_model(settings.model_path, settings.dtype, settings.quantization)
@@ -44,13 +45,14 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     steps.update(1)
     steps.close()
     print(f"context: {engine.limits.describe()}", file=sys.stderr)
-    print(f"memory: {memory_line(loaded.source, engine.kv_cache_bytes)}", file=sys.stderr)
     name = settings.model_name or loaded.name
     # From here on the settings say what runs: the served name, and every token limit set.
     settings = replace(settings, model_name=name, engine=engine.config)
     serving = Serving(settings, AsyncEngine(engine, settings.queue_delay_s), ServerMetrics(name))
     if settings.dmi:
         serving.pd = PDNode(settings, serving.engine)
+    return_free_heap()
+    print(f"memory: {memory_line(loaded.source, engine.kv_cache_bytes)}", file=sys.stderr)
     return serving
 
 

@@ -75,10 +75,10 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer, cache_size: int = 128, num_threads: int | None = None) -> None:
         if cache_size < 1:
             raise ValueError(f"cache_size must be >= 1, got {cache_size}")
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer.backend.to_str(), n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids) or None
-        )
-        self.vocab_size = self._tokenizer.vocab_size
+        # llguidance's view of the vocabulary holds tens of MiB (56 MiB resident for the embedded
+        # model's, 36 MiB once the heap is trimmed): built at the first compile, not at start-up.
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self.vocab_size = tokenizer.vocab_size
         # Logits wider than this (a padded lm_head) are forbidden by the mask kernel past the end.
         self.bitmask_words = (self.vocab_size + 31) // 32
         self.cache_size = cache_size
@@ -215,7 +215,7 @@ class GrammarCompiler:
         return self._finish(text)
 
     def _finish(self, text: str, closers: bool = True) -> Grammar:
-        matcher = llguidance.LLMatcher(self._tokenizer, text, log_level=0, limits=self._limits)
+        matcher = llguidance.LLMatcher(self._get_tokenizer(), text, log_level=0, limits=self._limits)
         if matcher.is_error():
             raise GrammarError(f"invalid JSON schema: {matcher.get_error()}")
         # Some problems (an over-complex lexer) surface only at the first mask: find them now, on a
@@ -225,6 +225,14 @@ class GrammarCompiler:
         if probe.is_error():
             raise GrammarError(f"invalid JSON schema: {probe.get_error()}")
         return Grammar(matcher, self.bitmask_words, self._get_closers() if closers else None)
+
+    def _get_tokenizer(self) -> llguidance.LLTokenizer:
+        with self._lock:
+            if self._tokenizer is None:
+                source = self._tokenizer_source
+                self._tokenizer = llguidance.LLTokenizer(
+                    source.backend.to_str(), n_vocab=source.vocab_size, eos_token=list(source.eos_token_ids) or None)
+            return self._tokenizer
 
     def _get_closers(self) -> Closers:
         with self._lock:
