@@ -71,11 +71,11 @@ def main() -> None:
                     xb = x.bfloat16()
 
                     def bf16(tiles: bool) -> None:
-                        _C.set_amx_bf16(tiles)
+                        _C.set_amx(tiles)
                         try:
                             ops.qmatmul_bf16(xb, w.data, w.ggml_type, packed_rows=packed_rows)
                         finally:
-                            _C.set_amx_bf16(True)
+                            _C.set_amx(True)
 
                     if _C.cpu_features()["amx_bf16"]:
                         forms["bf16 (AMX tiles)"] = lambda: bf16(True)

@@ -72,12 +72,13 @@ def llama_bench(args: argparse.Namespace, n_prompt: int, n_gen: int, extra: tupl
     return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int, repetitions: int = 3) -> float:
+def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int, repetitions: int = 3,
+                    extra: tuple[str, ...] = ()) -> float:
     """llama_bench with llama.cpp's defaults, or, where those crash, without its weight repacking:
     b11434's repacked (AMX) matmuls end in SIGSEGV or SIGILL at prompt batches on a KVM Sapphire
     Rapids guest, which `--repack 0` avoids. The fallback is printed, since it may cost llama.cpp speed."""
     try:
-        return llama_bench(args, n_prompt, n_gen, repetitions=repetitions)
+        return llama_bench(args, n_prompt, n_gen, extra, repetitions)
     except RuntimeError as e:
         crashes = {"exited with -11:": "SIGSEGV", "exited with -4:": "SIGILL"}
         signal = next((name for text, name in crashes.items() if text in str(e)), None)
@@ -85,7 +86,7 @@ def llama_bench_any(args: argparse.Namespace, n_prompt: int, n_gen: int, repetit
             raise
         print(f"  llama-bench -p {n_prompt} -n {n_gen} crashed ({signal}) with its defaults; measured with --repack 0",
               flush=True)
-        return llama_bench(args, n_prompt, n_gen, ("--repack", "0"), repetitions)
+        return llama_bench(args, n_prompt, n_gen, (*extra, "--repack", "0"), repetitions)
 
 
 def missing_llama(args: argparse.Namespace) -> str | None:

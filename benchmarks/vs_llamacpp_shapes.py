@@ -2,7 +2,7 @@
 
     python benchmarks/vs_llamacpp_shapes.py --llama-bin DIR [--shapes llama-3.2-1b,smollm2-1.7b]
                                             [--formats Q4_K_M,Q4_0] [--rounds 3] [--repetitions 3] [--threads N]
-                                            [--cache DIR] [--no-vnni]
+                                            [--cache DIR] [--no-vnni] [--depth N]
 
 Each shape is a GGUF with random weights, F16: a Llama-architecture one (../shared/tools/make-synthetic-gguf.py),
 or a Qwen3, Qwen3-MoE or Gemma 3 one (benchmarks/make_family_gguf.py: qwen3-1.7b, qwen3-4b, gemma-3-1b, and
@@ -13,8 +13,10 @@ outside the repository. Per file and round, interleaved so that a noisy stretch 
   loop of the instruction our prefill kernel uses, _C.dot_peak);
   prefill of 512 tokens   llama-bench -p 512 -n 0   against LLM.generate(max_tokens=1)
   batch-1 decode, 128     llama-bench -p 0 -n 128   against engine steps after the first token
+  and with --depth N, the same decode after an N-token prompt   llama-bench -p 0 -n 128 -d N
 then the medians with our/their ratio and each side's share of its limit: decode as the weight bytes
-one token reads (every tensor but the embedding table, of which a row) x tok/s over the bandwidth;
+one token reads (every tensor but the embedding table, of which a row; at depth N also the keys and
+values of its mean context, 16-bit in both caches) x tok/s over the bandwidth;
 prefill as the matmul FLOPs per prompt token (2 x the layers' weights, plus attention at the mean
 context; the lm_head runs for the last token alone) x tok/s over the peak.
 """
@@ -73,13 +75,17 @@ def model_file(args: argparse.Namespace, shape: str, fmt: str) -> Path:
     return out
 
 
-def per_token_work(path: Path) -> tuple[int, float, str]:
-    """(bytes a decode token reads, prefill FLOPs per token of a PREFILL-token prompt, formats) of a GGUF.
-    An MoE layer's experts count at their active share (expert_used_count of expert_count)."""
+def per_token_work(path: Path) -> tuple[int, float, str, int]:
+    """(bytes a decode token reads, prefill FLOPs per token of a PREFILL-token prompt, formats, bytes of
+    16-bit keys and values a token adds to the cache) of a GGUF. An MoE layer's experts count at their
+    active share (expert_used_count of expert_count)."""
     header = read_header(str(path))
     f = header.fields
     arch = f["general.architecture"]
     layers, hidden = f[f"{arch}.block_count"], f[f"{arch}.embedding_length"]
+    heads = f[f"{arch}.attention.head_count"]
+    head_dim = f.get(f"{arch}.attention.key_length", hidden // heads)
+    kv_bytes = 2 * layers * f.get(f"{arch}.attention.head_count_kv", heads) * head_dim * 2
     active = f[f"{arch}.expert_used_count"] / f[f"{arch}.expert_count"] if f"{arch}.expert_count" in f else 1.0
     tensors = {t.name: t for t in header.tensors}
     ends = sorted(t.offset for t in header.tensors) + [len(header.data)]
@@ -95,7 +101,7 @@ def per_token_work(path: Path) -> tuple[int, float, str]:
         if len(t.shape) >= 2:
             name = _qtype_name(t.qtype)
             formats[name] = formats.get(name, 0) + 1
-    return read, 2 * params + attention, ", ".join(f"{k} x{v}" for k, v in sorted(formats.items()))
+    return read, 2 * params + attention, ", ".join(f"{k} x{v}" for k, v in sorted(formats.items())), kv_bytes
 
 
 def _qtype_name(qtype: int) -> str:
@@ -117,7 +123,7 @@ def prefill_instruction(vnni: bool = True) -> str:
 
 def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     """Table rows for one GGUF: its rounds, interleaved, then medians."""
-    read, flops, formats = per_token_work(path)
+    read, flops, formats, kv_bytes = per_token_work(path)
     instr = prefill_instruction(not args.no_vnni)
     print(f"\n== {path.name}: {path.stat().st_size / 1e9:.2f} GB ({formats}); a decode token reads "
           f"{read / 1e9:.3f} GB, a prompt token costs {flops / 1e9:.2f} GFLOP", flush=True)
@@ -133,6 +139,9 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
         measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab), args.repetitions)
         measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE, args.repetitions)
         measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
+        if args.depth:
+            measured["llama deep"] = llama_bench_any(bench_args, 0, DECODE, args.repetitions, ("-d", str(args.depth)))
+            measured["ours deep"] = our_decode(llm, random_ids(args.depth, 300 + r, vocab), f"deep-{r}")
         for key, value in measured.items():
             results.setdefault(key, []).append(value)
         print(f"round {r + 1}/{args.rounds}: bandwidth {measured['bandwidth'] / 1e9:.1f} GB/s, {instr} peak "
@@ -141,10 +150,14 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     del llm
     med = {k: statistics.median(v) for k, v in results.items()}
     rows = []
-    for fig, per_token, limit, unit in (("prefill", flops, med["peak"], f"{instr} peak"),
-                                        ("decode", read, med["bandwidth"], "read bandwidth")):
+    figures = [("prefill", f"prefill {PREFILL}", flops, med["peak"], f"{instr} peak"),
+               ("decode", f"decode b1 {DECODE}", read, med["bandwidth"], "read bandwidth")]
+    if args.depth:
+        deep_read = read + kv_bytes * (args.depth + DECODE / 2)
+        figures.append(("deep", f"decode @{args.depth}", deep_read, med["bandwidth"], "read bandwidth"))
+    for fig, name, per_token, limit, unit in figures:
         ours, theirs = med[f"ours {fig}"], med[f"llama {fig}"]
-        rows.append(f"{path.name:<28} {fig + (f' {PREFILL}' if fig == 'prefill' else f' b1 {DECODE}'):<16} "
+        rows.append(f"{path.name:<28} {name:<16} "
                     f"{theirs:9.1f} {ours:9.1f} {ours / theirs:7.2f}x "
                     f"{100 * theirs * per_token / limit:6.0f}% {100 * ours * per_token / limit:6.0f}%   "
                     f"{limit / 1e9:.0f} {'GFLOP/s' if fig == 'prefill' else 'GB/s'} {unit}")
@@ -162,6 +175,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repetitions", type=int, default=3,
                     help="per round: llama-bench -r and our prefill runs (each side's median/mean of them)")
+    ap.add_argument("--depth", type=int, default=0,
+                    help="also batch-1 decode after a prompt of this many tokens (the attention at long contexts)")
     ap.add_argument("--no-vnni", action="store_true",
                     help="our int8 products without VNNI, as on a CPU that lacks it (MINDIE_ISA picks the variant)")
     args = ap.parse_args()

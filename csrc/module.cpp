@@ -42,9 +42,10 @@ PYBIND11_MODULE(_C, m) {
     d["amx_bf16"] = kc::cpu_has_amx_bf16();
     return d;
   }, "Optional instructions the kernels use when the CPU has them (amx_bf16: and the OS grants the tiles).");
-  m.def("set_amx_bf16", &kc::set_use_amx_bf16, pybind11::arg("enabled"),
-        "Lets the AVX-512 variant compute bf16 rows on AMX tiles where the CPU has them (the default), or "
-        "not: tests compare the tiles with vdpbf16ps.");
+  m.def("set_amx", &kc::set_use_amx, pybind11::arg("enabled"),
+        "Lets the AVX-512 variant use AMX-BF16 tiles where the CPU has them (the default): for bf16 rows, and "
+        "for the exact span sums of int8 rows past the streaming ones; or not: tests compare the tiles with "
+        "vdpbf16ps and vpdpbusd.");
   m.def("set_vnni", &kc::set_use_vnni, pybind11::arg("enabled"),
         "Lets the int8 dot products use VNNI where the CPU has it (the default: AVX512-VNNI in the AVX-512 "
         "variant, AVX-VNNI in the AVX2 one), or not: tests run the vpmaddubsw and vpmaddwd forms on such a CPU.");

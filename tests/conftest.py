@@ -27,10 +27,10 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test once per kernel variant (and tile form) this build has and this CPU runs."""
     previous = _C.get_isa()
     _C.set_isa(request.param.removesuffix("-noamx"))
-    _C.set_amx_bf16(not request.param.endswith("-noamx"))
+    _C.set_amx(not request.param.endswith("-noamx"))
     yield request.param
     _C.set_isa(previous)
-    _C.set_amx_bf16(True)
+    _C.set_amx(True)
 
 
 @pytest.fixture(scope="session")

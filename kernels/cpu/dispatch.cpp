@@ -181,7 +181,7 @@ bool use_avx512_vnni() { return cpu_has_avx512_vnni() && g_vnni_enabled.load(std
 bool use_avx_vnni() { return cpu_has_avx_vnni() && g_vnni_enabled.load(std::memory_order_relaxed); }
 void set_use_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_order_relaxed); }
 bool use_amx_bf16() { return cpu_has_amx_bf16() && g_amx_enabled.load(std::memory_order_relaxed); }
-void set_use_amx_bf16(bool enabled) { g_amx_enabled.store(enabled, std::memory_order_relaxed); }
+void set_use_amx(bool enabled) { g_amx_enabled.store(enabled, std::memory_order_relaxed); }
 
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
 

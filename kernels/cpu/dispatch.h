@@ -32,9 +32,10 @@ void set_use_vnni(bool enabled);
 // state (arch_prctl ARCH_REQ_XCOMP_PERM, asked on the first call). The AVX-512 variant then computes
 // bf16 rows on tiles.
 bool cpu_has_amx_bf16();
-// Whether it does now: usable and not turned off (tests compare it with vdpbf16ps).
+// Whether it does now: usable and not turned off (tests compare the tiles with vdpbf16ps, and the
+// int8 rows' tiles with vpdpbusd).
 bool use_amx_bf16();
-void set_use_amx_bf16(bool enabled);
+void set_use_amx(bool enabled);
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

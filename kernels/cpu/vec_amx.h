@@ -1,5 +1,6 @@
-// AMX tiles for the bf16 form of the quantized matmul (quant_matmul.cpp's run_bf16), where the CPU
-// has AMX-BF16 and the kernel granted the tile state (cpu_has_amx_bf16). A bf16 panel (vec_int8.h)
+// AMX tiles for the bf16 form of the quantized matmul (quant_matmul.cpp's run_bf16), for the int8
+// form's rows from 32 on (AmxInt8Panel, run_amx_int8) and for prefill attention, where the CPU has
+// AMX-BF16 and the kernel granted the tile state (cpu_has_amx_bf16). A bf16 panel (vec_int8.h)
 // is already a tile's B operand: per pair of k values, 16 rows' two bf16 values, 64 bytes; 16 pairs
 // (32 values of k) make one 16 x 64-byte tile. Activation rows are A tiles, 16 rows at one stride.
 //
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -20,6 +22,17 @@ namespace mindie::kernels::cpu {
 namespace MINDIE_ISA_NS {
 
 #if defined(MINDIE_AMX)
+// Asks for [at, end) into L2, `per_step` cache lines a step(): spread over a computation, rather than
+// at once, which the core's few outstanding misses would mostly drop.
+struct SpreadPrefetch {
+  const uint8_t* at;
+  const uint8_t* end;
+  int64_t per_step;
+  void step() {
+    for (int64_t i = 0; i < per_step && at < end; ++i, at += 64) __builtin_prefetch(at, 0, 2);
+  }
+};
+
 struct AmxBf16Panel {
   // Two panels x two blocks of 16 activation rows at a time: four accumulator tiles (0-3), two A
   // tiles (4, 5) and two B tiles (6, 7), AMX's eight. Up to kTilePanels staged together (run_bf16).
@@ -108,6 +121,160 @@ struct AmxBf16Panel {
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < cols; ++c) std::memcpy(out + (r * cols + c) * 16, acc[2 * r + c / 16] + (c % 16) * 16, 64);
+  }
+};
+
+// The int8 rows' exact span sums on AMX-BF16 tiles (quant_matmul.cpp's run_amx_int8), for the rows
+// past the streaming ones and unsigned q (every format but Q8_0). Each product is an integer: q (0
+// to 63) against 128 * hi and against lo, all exact in bf16, so each product is exact in float32,
+// and so is every partial sum while the span's sum of |q| * |128 * hi + lo| stays below 2^24: q < 32
+// over a 32-value span (32 * 31 * (127 * 128 + 64) = 16.19e6), q < 64 over Q6_K's 16 (16.45e6).
+// In whatever order the tile adds them, its float32 accumulator then ends at exactly the int32 sum s
+// of the other paths, so the float chain after it (Int8Panel::add_span's) gives the same bits. Two
+// tile products a span (the hi and lo planes into one accumulator) and one store of the sums, where
+// AMX-INT8 would take two of each (one a plane: 128 * hi is not a byte).
+struct AmxInt8Panel : Int8Panel<true> {
+  static constexpr int kTilePanels = 4;
+  static constexpr int kRowBlock = 16;
+  using Weight = bf16_t;
+  static constexpr bool kWide = true;  // staged in the wide layout (WidePanel), as bf16
+
+  // Tiles 0 and 1: A, 16 activation rows' 128 * hi and lo over one span (16 * S values); tiles 2 and
+  // 3: B, two panels' values over the span (8 * S pairs); tiles 4-7: the sums of even spans (4, 6) and
+  // odd ones (5, 7), one tile a panel.
+  struct Session {
+    explicit Session(int span_values) {
+      alignas(64) uint8_t config[64] = {};
+      config[0] = 1;  // palette 1
+      for (int t = 0; t < 8; ++t) {
+        config[16 + 2 * t] = static_cast<uint8_t>(t < 2 ? 2 * span_values : 64);  // bytes per row
+        config[48 + t] = static_cast<uint8_t>(t == 2 || t == 3 ? span_values / 2 : 16);  // rows
+      }
+      _tile_loadconfig(config);
+    }
+    ~Session() { _tile_release(); }
+    Session(const Session&) = delete;
+    Session& operator=(const Session&) = delete;
+  };
+
+  // Block b of a packed panel staged in the wide layout (WidePanel's), each q (0 to 31: Q8_0 and Q6_K
+  // never come here, see quant_matmul.cpp's amx_int8_rows) as bf16, looked up a byte at a time:
+  // vpshufb takes 16 entries, so 5-bit q take two lookups and a blend. Vector u[v] holds values
+  // 4v..4v+3 of each row (lane r: row r), pairs (4v, 4v + 1) and (4v + 2, 4v + 3) go out. Four
+  // shuffles and two lookups a vector where widening to int16 and vpermt2w took ten (a third of
+  // the 32-row tile's time in the staging).
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* q, float* scale, float* offset) {
+    constexpr bool kFiveBits = F == QFormat::kQ5_0 || F == QFormat::kQ5_1 || F == QFormat::kQ5_K;
+    const __m512i lo0 = _mm512_broadcast_i32x4(byte_table(0, 0)), hi0 = _mm512_broadcast_i32x4(byte_table(0, 1));
+    const __m512i lo1 = _mm512_broadcast_i32x4(byte_table(16, 0)), hi1 = _mm512_broadcast_i32x4(byte_table(16, 1));
+    stage_block_with<Lanes, F>(panel, blocks, b, scale, offset, [&](const __m512i* u, int) __attribute__((always_inline)) {
+      for (int v = 0; v < 8; ++v) {
+        __m512i l = _mm512_shuffle_epi8(lo0, u[v]), h = _mm512_shuffle_epi8(hi0, u[v]);
+        if constexpr (kFiveBits) {
+          const __mmask64 high = _mm512_test_epi8_mask(u[v], _mm512_set1_epi8(16));
+          l = _mm512_mask_shuffle_epi8(l, high, lo1, u[v]);
+          h = _mm512_mask_shuffle_epi8(h, high, hi1, u[v]);
+        }
+        // Per 128-bit lane (rows 4i..4i + 3): unpacklo holds rows 4i and 4i + 1 as four bf16 each,
+        // unpackhi rows 4i + 2 and 4i + 3; the even and odd dwords of the two are the two pairs.
+        const __m512 a = _mm512_castsi512_ps(_mm512_unpacklo_epi8(l, h));
+        const __m512 c = _mm512_castsi512_ps(_mm512_unpackhi_epi8(l, h));
+        bf16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32;
+        _mm512_storeu_ps(dst, _mm512_shuffle_ps(a, c, 0x88));
+        _mm512_storeu_ps(dst + 32, _mm512_shuffle_ps(a, c, 0xDD));
+      }
+    });
+  }
+
+  // An activation row's planes as the A tiles take them: bf16 of 128 * hi and of lo (k values each).
+  static void widen(const int8_t* hi, const int8_t* lo, int64_t k, bf16_t* hi_out, bf16_t* lo_out) {
+    for (int64_t i = 0; i < k; i += 16) {
+      const __m512 h = _mm512_cvtepi32_ps(_mm512_slli_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + i))), 7));
+      const __m512 l = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + i))));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi_out + i), (__m256i)_mm512_cvtneps_pbh(h));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo_out + i), (__m256i)_mm512_cvtneps_pbh(l));
+    }
+  }
+
+  // out[(r * cols + c) * 16 + lane] = f of panel r's row `lane` and activation row c < cols, for R
+  // (1 or 2) panels and the 16 rows x[0..16) (all readable: their d and sums), whose widened planes
+  // start at a_hi and a_lo, rows `stride` bytes apart. Two panels share the A tiles, and their tile
+  // products alternate, each waiting less on the one before into the same accumulator (10-20% faster
+  // than one at a time); the second panel's float sums live in memory, the first's in registers.
+  template <int R, int S>
+  static void tile(const StagedPanel<bf16_t>* w, const ActRef* x, const bf16_t* a_hi, const bf16_t* a_lo, int64_t stride,
+                   int64_t groups, int cols, float* out, SpreadPrefetch& prefetch) {
+    alignas(64) float sums[2][R][16 * 16];  // [span parity][panel]
+    alignas(64) float second[16 * 16] = {};
+    __m512 f[16];
+    for (__m512& v : f) v = _mm512_setzero_ps();
+    products<R, S, 0>(w, a_hi, a_lo, stride, 0, sums[0]);
+    for (int64_t j = 0; j < groups; j += S) {
+      // The next span's tile products run while this one's sums go through the float chain.
+      const bool odd = (j / S) % 2 != 0;
+      if (j + S < groups) odd ? products<R, S, 0>(w, a_hi, a_lo, stride, j + S, sums[0])
+                              : products<R, S, 1>(w, a_hi, a_lo, stride, j + S, sums[1]);
+      prefetch.step();
+      for (int r = 0; r < R; ++r) {
+        const float* s = sums[odd ? 1 : 0][r];
+        const __m512 scale = _mm512_loadu_ps(w[r].scale + 16 * j), offset = _mm512_loadu_ps(w[r].offset + 16 * j);
+        for (int c = 0; c < 16; ++c) {
+          __m512 g = r == 0 ? f[c] : _mm512_load_ps(second + 16 * c);
+          g = _mm512_fmadd_ps(_mm512_load_ps(s + 16 * c), _mm512_mul_ps(scale, _mm512_set1_ps(x[c].d[j / 2])), g);
+          g = _mm512_fmadd_ps(offset, _mm512_set1_ps(x[c].template sum<S>(j / S)), g);
+          if (r == 0) f[c] = g;
+          else _mm512_store_ps(second + 16 * c, g);
+        }
+      }
+    }
+    for (int c = 0; c < cols; ++c) _mm512_storeu_ps(out + c * 16, f[c]);
+    if constexpr (R == 2) std::memcpy(out + cols * 16, second, sizeof(float) * 16 * cols);
+  }
+
+ private:
+  // bf16 of a small integer (exact: every integer below 256 is a bf16), at compile time.
+  static constexpr uint16_t small_bf16(int i) {
+    int e = 0;
+    while ((2 << e) <= i) ++e;
+    const uint32_t bits = i == 0 ? 0u : (static_cast<uint32_t>(127 + e) << 23) | ((static_cast<uint32_t>(i) << (23 - e)) & 0x7FFFFFu);
+    return static_cast<uint16_t>(bits >> 16);
+  }
+  // Byte `byte` (0: low, 1: high) of bf16(first + i) for i = 0..15: a vpshufb table.
+  static __m128i byte_table(int first, int byte) {
+    static constexpr auto kTables = [] {
+      std::array<std::array<uint8_t, 16>, 4> t{};
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < 16; ++i) t[k][i] = static_cast<uint8_t>(small_bf16(16 * (k / 2) + i) >> (8 * (k % 2)));
+      return t;
+    }();
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(kTables[2 * (first / 16) + byte].data()));
+  }
+
+  // Span j's sums of R panels, through the accumulator tiles of span parity P, into sums[r]. (GCC's
+  // tile intrinsics take tile numbers as literals: hence each spelled out.)
+  template <int R, int S, int P>
+  static void products(const StagedPanel<bf16_t>* w, const bf16_t* a_hi, const bf16_t* a_lo, int64_t stride, int64_t j,
+                       float (*sums)[16 * 16]) {
+    _tile_loadd(0, a_hi + 16 * j, stride);
+    _tile_loadd(1, a_lo + 16 * j, stride);
+    _tile_loadd(2, w[0].q + j * kPanelGroupValues, 64);
+    if constexpr (R == 2) _tile_loadd(3, w[1].q + j * kPanelGroupValues, 64);
+#define MINDIE_AMX_SPAN(C0, C1)                      \
+  _tile_zero(C0);                                    \
+  if constexpr (R == 2) _tile_zero(C1);              \
+  _tile_dpbf16ps(C0, 0, 2);                          \
+  if constexpr (R == 2) _tile_dpbf16ps(C1, 0, 3);    \
+  _tile_dpbf16ps(C0, 1, 2);                          \
+  if constexpr (R == 2) _tile_dpbf16ps(C1, 1, 3);    \
+  _tile_stored(C0, sums[0], 64);                     \
+  if constexpr (R == 2) _tile_stored(C1, sums[R - 1], 64);
+    if constexpr (P == 0) {
+      MINDIE_AMX_SPAN(4, 6)
+    } else {
+      MINDIE_AMX_SPAN(5, 7)
+    }
+#undef MINDIE_AMX_SPAN
   }
 };
 

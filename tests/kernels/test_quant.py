@@ -21,8 +21,9 @@ LAYOUTS = [(fmt, packed) for packed in (False, True) for fmt in FORMATS]
 
 # The int8 products take VNNI where the CPU has it (AVX512-VNNI in the AVX-512 variant, AVX-VNNI in
 # the AVX2 one) and vpmaddubsw / vpmaddwd where it has not, and the AVX-512 variant's bf16 products
-# AMX tiles where the CPU has them and vdpbf16ps where it has not: on such a CPU every form runs, the
-# others as "avx512-novnni", "avx2-novnni" and "avx512-noamx".
+# (and its int8 rows from 32 on, unsigned q over 32-value spans) AMX tiles where the CPU has them and
+# vdpbf16ps (vpdpbusd) where it has not: on such a CPU every form runs, the others as "avx512-novnni",
+# "avx2-novnni" and "avx512-noamx".
 _ISAS = _C.available_isas()
 _FEATURES = _C.cpu_features()
 VARIANTS = (_ISAS + (["avx512-novnni"] if "avx512" in _ISAS and _FEATURES["avx512_vnni"] else [])
@@ -36,11 +37,11 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     previous = _C.get_isa()
     _C.set_isa(request.param.split("-")[0])
     _C.set_vnni(not request.param.endswith("-novnni"))
-    _C.set_amx_bf16(not request.param.endswith("-noamx"))
+    _C.set_amx(not request.param.endswith("-noamx"))
     yield request.param
     _C.set_isa(previous)
     _C.set_vnni(True)
-    _C.set_amx_bf16(True)
+    _C.set_amx(True)
 
 
 def cols_for(fmt: str) -> list[int]:
@@ -234,11 +235,11 @@ def bf16_product(x: torch.Tensor, data: torch.Tensor, qtype: int, isa: str, tile
     previous = _C.get_isa()
     try:
         _C.set_isa(isa)
-        _C.set_amx_bf16(tiles)
+        _C.set_amx(tiles)
         return ops.qmatmul_bf16(x, data, qtype), _C.qmatmul_bf16_native()
     finally:
         _C.set_isa(previous)
-        _C.set_amx_bf16(True)
+        _C.set_amx(True)
 
 
 @pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["avx512_bf16"],
@@ -319,6 +320,47 @@ def test_vnni_gives_the_same_bits_as_the_products_without_it(variant, fmt):
     finally:
         _C.set_isa(previous)
         _C.set_vnni(True)
+
+
+# Where the quantized values of a block lie (after the scales), per format: set to 0xFF they make every
+# q the format's largest, 15 or 31.
+_QUANT_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q5_0": (2, 22), "Q5_1": (4, 24), "Q4_K": (16, 144),
+                "Q5_K": (16, 176)}
+
+
+@pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["amx_bf16"],
+                    reason="needs AMX-BF16 and the AVX-512 variant")
+@pytest.mark.parametrize("fmt", list(_QUANT_BYTES))
+def test_int8_rows_on_amx_tiles_are_exact_at_the_largest_sums(fmt):
+    """The AMX tiles sum an int8 row's products in float32, exact while a span's sum of |q| times
+    |128 * hi + lo| stays below 2^24: every q at its largest against activations whose planes are at
+    theirs (hi 126, lo 64, one value of each block at hi 127), all of one sign, give the same bits on
+    the tiles as on vpdpbusd and as each row alone on the streaming path."""
+    previous = _C.get_isa()
+    k = 768 if fmt.endswith("_K") else 576
+    data, qtype = random_blocks(fmt, 40, k, 8)
+    block = data.view(40, -1, {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176}[fmt])
+    lo, hi = _QUANT_BYTES[fmt]
+    block[:, :, lo:hi] = 0xFF
+    weight, layout = in_layout(data, qtype, True)
+    x = torch.full((32, k), 126.5 / 127)
+    x[:, ::32] = 1.0
+    x[1::2] *= -1  # both signs of the largest sums
+    xq, xd = ops.quantize_activations(x)
+    assert int(xq[:, 0].abs().max()) == 127 and int(xq[:, 1].abs().max()) == 64
+    try:
+        _C.set_isa("avx512")
+        got = {}
+        for amx in (True, False):
+            _C.set_amx(amx)
+            got[amx] = ops.qmatmul(xq, xd, weight, qtype, **layout)
+        alone = torch.cat([ops.qmatmul(xq[i:i + 1], xd[i:i + 1], weight, qtype, **layout) for i in range(32)])
+    finally:
+        _C.set_isa(previous)
+        _C.set_amx(True)
+    assert torch.equal(got[True], got[False])
+    assert torch.equal(got[True], alone)
+    torch.testing.assert_close(got[True], ref.qmatmul(xq, xd, data, qtype, None), rtol=1e-5, atol=1e-3)
 
 
 def test_dot_peak_counts_the_instructions_the_cpu_has(isa):
