@@ -416,14 +416,13 @@ constexpr bool on_amx_tiles() {
 // into one L1 set, which cost 30% (2048 x 8192 against 64 rows).
 constexpr int64_t kWideRowPad = 32;
 
-// Staged panels p[0..n) against every activation row on AMX tiles, 16 rows and two panels at a time.
-// The next group's packed panels stream into L2 meanwhile, a few lines a span: asked for while
-// staging (for_each_panel_group's prefetches), they were still on their way when staged (the staging
-// took 13% of a 32-row decode step of Llama-3.2-3B, mostly waiting on them).
-template <int S>
+// Staged panels p[0..n) (32-value spans) against every activation row on AMX tiles, 16 rows and two
+// panels at a time. The next group's packed panels stream into L2 meanwhile, a few lines a span:
+// asked for while staging (for_each_panel_group's prefetches), they were still on their way when
+// staged (the staging took 13% of a 32-row decode step of Llama-3.2-3B, mostly waiting on them).
 void apply_amx_int8(const Panel* p, const PanelBuffer<AmxInt8Panel>* buf, int n, const QMatmulArgs& a,
                     const std::vector<ActRef>& x, const bf16_t* wide, PanelsAhead ahead) {
-  constexpr int kBlock = AmxInt8Panel::kRowBlock;
+  constexpr int kBlock = AmxInt8Panel::kRowBlock, S = 2;
   const int64_t row = 2 * a.k + kWideRowPad;
   const int64_t spans = (a.m + kBlock - 1) / kBlock * ((n + 1) / 2) * (a.k / (16 * S));
   SpreadPrefetch prefetch{ahead.data, ahead.data + ahead.bytes, (ahead.bytes / 64 + spans - 1) / spans};
@@ -462,7 +461,7 @@ void run_amx_int8(const QMatmulArgs& a, std::vector<ActRef>& x) {
   for_each_panel_group<AmxInt8Panel::kTilePanels, PanelBuffer<AmxInt8Panel>>(a, [&](const Panel* p, const PanelBuffer<AmxInt8Panel>* buf, int n, PanelsAhead ahead) {
     with_format(p[0].target->w.format, [&](auto f) {
       constexpr QFormatInfo info = qformat_info(static_cast<int>(decltype(f)::value));
-      if constexpr (!info.signed_q && info.scale_span == 32) apply_amx_int8<2>(p, buf, n, a, x, wide, ahead);
+      if constexpr (!info.signed_q && info.scale_span == 32) apply_amx_int8(p, buf, n, a, x, wide, ahead);
     });
   });
 }

@@ -124,11 +124,11 @@ struct AmxBf16Panel {
   }
 };
 
-// The int8 rows' exact span sums on AMX-BF16 tiles (quant_matmul.cpp's run_amx_int8), for the rows
-// past the streaming ones and unsigned q (every format but Q8_0). Each product is an integer: q (0
-// to 63) against 128 * hi and against lo, all exact in bf16, so each product is exact in float32,
-// and so is every partial sum while the span's sum of |q| * |128 * hi + lo| stays below 2^24: q < 32
-// over a 32-value span (32 * 31 * (127 * 128 + 64) = 16.19e6), q < 64 over Q6_K's 16 (16.45e6).
+// The int8 rows' exact span sums on AMX-BF16 tiles (quant_matmul.cpp's run_amx_int8), for rows from
+// 32 on and unsigned q over 32-value spans (amx_int8_rows: every format but Q8_0 and Q6_K). Each
+// product is an integer: q (0 to 31) against 128 * hi and against lo, all exact in bf16, so each
+// product is exact in float32, and so is every partial sum while the span's sum of |q| * |128 * hi +
+// lo| stays below 2^24: at most 32 * 31 * (127 * 128 + 64) = 16.19e6 over a 32-value span.
 // In whatever order the tile adds them, its float32 accumulator then ends at exactly the int32 sum s
 // of the other paths, so the float chain after it (Int8Panel::add_span's) gives the same bits. Two
 // tile products a span (the hi and lo planes into one accumulator) and one store of the sums, where
@@ -137,7 +137,6 @@ struct AmxInt8Panel : Int8Panel<true> {
   static constexpr int kTilePanels = 4;
   static constexpr int kRowBlock = 16;
   using Weight = bf16_t;
-  static constexpr bool kWide = true;  // staged in the wide layout (WidePanel), as bf16
 
   // Tiles 0 and 1: A, 16 activation rows' 128 * hi and lo over one span (16 * S values); tiles 2 and
   // 3: B, two panels' values over the span (8 * S pairs); tiles 4-7: the sums of even spans (4, 6) and
