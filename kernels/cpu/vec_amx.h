@@ -33,6 +33,32 @@ struct SpreadPrefetch {
   }
 };
 
+// One tile's shape in a configuration: rows, and bytes a row.
+struct TileShape {
+  int rows, bytes;
+};
+
+// The tile configuration (palette 1; shape(t) for tiles 0-7) loaded for the calling thread and the
+// tiles released when done. It is per thread and other code (oneDNN) may change or release it, so
+// each group of panels (each call of the attention) loads its own.
+class TileSession {
+ public:
+  template <class Shape>
+  explicit TileSession(Shape shape) {
+    alignas(64) uint8_t config[64] = {};
+    config[0] = 1;
+    for (int t = 0; t < 8; ++t) {
+      const TileShape s = shape(t);
+      config[16 + 2 * t] = static_cast<uint8_t>(s.bytes);
+      config[48 + t] = static_cast<uint8_t>(s.rows);
+    }
+    _tile_loadconfig(config);
+  }
+  ~TileSession() { _tile_release(); }
+  TileSession(const TileSession&) = delete;
+  TileSession& operator=(const TileSession&) = delete;
+};
+
 struct AmxBf16Panel {
   // Two panels x two blocks of 16 activation rows at a time: four accumulator tiles (0-3), two A
   // tiles (4, 5) and two B tiles (6, 7), AMX's eight. Up to kTilePanels staged together (run_bf16).
@@ -42,21 +68,9 @@ struct AmxBf16Panel {
   // readable (run_bf16 copies the last partial block into a zero-padded buffer).
   static constexpr int kRowBlock = 16;
 
-  // The tile configuration is per thread and other code (oneDNN) may change or release it, so each
-  // group of panels loads it and releases the tiles when done.
-  struct Session {
-    Session() {
-      alignas(64) uint8_t config[64] = {};
-      config[0] = 1;  // palette 1
-      for (int t = 0; t < 8; ++t) {
-        config[16 + 2 * t] = 64;  // bytes per row
-        config[48 + t] = 16;      // rows
-      }
-      _tile_loadconfig(config);
-    }
-    ~Session() { _tile_release(); }
-    Session(const Session&) = delete;
-    Session& operator=(const Session&) = delete;
+  // Every tile 16 rows of 64 bytes.
+  struct Session : TileSession {
+    Session() : TileSession([](int) { return TileShape{16, 64}; }) {}
   };
 
   template <QFormat F>
@@ -141,19 +155,11 @@ struct AmxInt8Panel : Int8Panel<true> {
   // Tiles 0 and 1: A, 16 activation rows' 128 * hi and lo over one span (16 * S values); tiles 2 and
   // 3: B, two panels' values over the span (8 * S pairs); tiles 4-7: the sums of even spans (4, 6) and
   // odd ones (5, 7), one tile a panel.
-  struct Session {
-    explicit Session(int span_values) {
-      alignas(64) uint8_t config[64] = {};
-      config[0] = 1;  // palette 1
-      for (int t = 0; t < 8; ++t) {
-        config[16 + 2 * t] = static_cast<uint8_t>(t < 2 ? 2 * span_values : 64);  // bytes per row
-        config[48 + t] = static_cast<uint8_t>(t == 2 || t == 3 ? span_values / 2 : 16);  // rows
-      }
-      _tile_loadconfig(config);
-    }
-    ~Session() { _tile_release(); }
-    Session(const Session&) = delete;
-    Session& operator=(const Session&) = delete;
+  struct Session : TileSession {
+    explicit Session(int span_values)
+        : TileSession([&](int t) {
+            return t < 2 ? TileShape{16, 2 * span_values} : TileShape{t < 4 ? span_values / 2 : 16, 64};
+          }) {}
   };
 
   // Block b of a packed panel staged in the wide layout (WidePanel's), each q (0 to 31: Q8_0 and Q6_K
@@ -179,7 +185,7 @@ struct AmxInt8Panel : Int8Panel<true> {
         // unpackhi rows 4i + 2 and 4i + 3; the even and odd dwords of the two are the two pairs.
         const __m512 a = _mm512_castsi512_ps(_mm512_unpacklo_epi8(l, h));
         const __m512 c = _mm512_castsi512_ps(_mm512_unpackhi_epi8(l, h));
-        bf16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32;
+        bf16_t* dst = q + wide_pairs_at(b, v);
         _mm512_storeu_ps(dst, _mm512_shuffle_ps(a, c, 0x88));
         _mm512_storeu_ps(dst + 32, _mm512_shuffle_ps(a, c, 0xDD));
       }

@@ -36,6 +36,10 @@ namespace MINDIE_ISA_NS {
 // and offset per 16-value group and row. Int8 values lie in quant_decode.h's layout; int16 ones
 // (Int8Panel::kWide) in the wide layout: for 16-value group g and pair p (values 2p and 2p + 1 of
 // the group), 32 int16 at q + (8 * g + p) * 32 whose 4-byte lane r holds the pair of row r.
+// Where, in a panel staged in the wide layout, the two pairs of vector v (values 4v..4v + 3 of
+// 32-value block b, quant_decode.h's layout) start: the first pair there, the second 32 values on.
+constexpr int64_t wide_pairs_at(int64_t b, int v) { return (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32; }
+
 template <class Q>
 struct StagedPanel {
   const Q* q;
@@ -274,7 +278,7 @@ struct WidePanel : Int8Panel<Vnni> {
         // way), then each row's first and second pair gathered into one vector each.
         const __m512i lo = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(u[v]));
         const __m512i hi = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(u[v], 1));
-        int16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32;
+        int16_t* dst = q + wide_pairs_at(b, v);
         _mm512_storeu_si512(dst, _mm512_permutex2var_epi32(lo, first, hi));
         _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi32(lo, second, hi));
       }
@@ -413,7 +417,7 @@ struct Int8Panel {
         // either way), then each row's two pairs sent to the two output vectors.
         const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(u[v])), pairs_apart);
         const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(u[v], 1)), pairs_apart);
-        int16_t* dst = q + (8 * (2 * b + v / 4) + 2 * (v % 4)) * 32 + 2 * r0;
+        int16_t* dst = q + wide_pairs_at(b, v) + 2 * r0;
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(lo, hi, 0x20));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), _mm256_permute2x128_si256(lo, hi, 0x31));
       }
