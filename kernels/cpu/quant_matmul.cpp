@@ -469,16 +469,26 @@ void run_amx_int8(const QMatmulArgs& a, std::vector<ActRef>& x) {
 // The AMX tiles compute rows 16 at a time and beat the VNNI byte tile by 12-18% from 32 rows (two
 // Sapphire Rapids cores, 2048 x 8192 Q4_K, ms, AMX against vpdpbusd: 32 rows 2.26-2.42 against
 // 2.49-2.75, 48 rows 3.4-3.6 against 3.9-4.1, 128 rows 8.2-8.6 against 9.7-10.0, 512 rows 35 against
-// 43; 24 rows, padded to 32, 2.6 against 2.1-2.3). Q6_K's 16-value spans take one tile product of
-// half depth per plane and stay on vpdpbusd (32 rows 3.5 against 3.2-3.3).
+// 43; 24 rows, padded to 32, 2.6 against 2.1-2.3). Q6_K's 16-value spans stay on vpdpbusd: one tile
+// product of half depth per plane was slower (32 rows 3.5 against 3.2-3.3), and so was one of full
+// depth over each group's 128 * hi and lo side by side against its q staged twice (k = 2048, 48 rows
+// 4.3-4.5 against 3.5-3.7): the float chain and the store of the sums come every 16 values.
 constexpr int64_t kAmxInt8Rows = 32;
 
+// Nor do the tiles win on longer rows: the widened rows (4 bytes a value, where vpdpbusd reads the
+// two int8 planes) and a group's staged panels outgrow L2 together, and the tiles fall behind (the
+// same two cores, Q4_K against 32 rows, ms, AMX against vpdpbusd: k = 3072 3.0-3.3 against 3.3-3.7,
+// k = 4096 4.7-4.8 against 4.6-4.8, k = 6144 4.1-4.2 against 3.5-3.6, k = 8192 4.9 against 3.4-3.7;
+// cutting k into chunks, two panels a group or huge pages did not bring k = 8192 back).
+constexpr int64_t kAmxInt8MaxK = 4096;
+
 // Whether a's rows take AMX tiles: where the CPU has AMX-BF16 (and VNNI for the streaming rows of
-// other calls), from kAmxInt8Rows rows and with the padding to 16 under an eighth, every target's q
-// unsigned over 32-value spans. Either path gives the same bits, so the row count may choose.
+// other calls), from kAmxInt8Rows rows and with the padding to 16 under an eighth, k up to
+// kAmxInt8MaxK, every target's q unsigned over 32-value spans. Either path gives the same bits, so the
+// shape may choose.
 bool amx_int8_rows(const QMatmulArgs& a) {
   const int64_t padded = (a.m + AmxInt8Panel::kRowBlock - 1) / AmxInt8Panel::kRowBlock * AmxInt8Panel::kRowBlock;
-  if (a.m < kAmxInt8Rows || 8 * padded > 9 * a.m || !use_amx_bf16() || !use_avx512_vnni()) return false;
+  if (a.m < kAmxInt8Rows || 8 * padded > 9 * a.m || a.k > kAmxInt8MaxK || !use_amx_bf16() || !use_avx512_vnni()) return false;
   for (int j = 0; j < a.num_targets; ++j) {
     const QFormatInfo info = qformat_info(static_cast<int>(a.targets[j].w.format));
     if (info.signed_q || info.scale_span != 32) return false;
