@@ -31,12 +31,14 @@ int64_t panel_bytes(const QMatrix& w, int64_t row0) {
   return (w.panels ? kPanelRows : std::min<int64_t>(kPanelRows, w.rows - row0)) * w.row_bytes;
 }
 
-// stage(format, panel, blocks, b) for each block of w's panel at row0 (a matrix in the row layout
-// packed into `packed` first), prefetching `next`, a packed panel of the same shape, block by block.
+// stage(format, panel, blocks, b) for each block b in [b0, b1) (default: all) of w's panel at row0 (a
+// matrix in the row layout packed into `packed` first), prefetching the same blocks of `next`, a
+// packed panel of the same shape, block by block.
 template <class StageBlock>
 void walk_panel_blocks(const QMatrix& w, int64_t row0, const uint8_t* next, std::vector<uint8_t>& packed,
-                       StageBlock&& stage) {
+                       StageBlock&& stage, int64_t b0 = 0, int64_t b1 = -1) {
   const int64_t blocks = w.cols / 32;
+  if (b1 < 0) b1 = blocks;
   const uint8_t* panel = w.data + row0 * w.row_bytes;
   if (!w.panels) {
     packed.resize(kPanelRows * w.row_bytes);
@@ -45,7 +47,7 @@ void walk_panel_blocks(const QMatrix& w, int64_t row0, const uint8_t* next, std:
   }
   const int64_t step = (panel_bytes(w, row0) / blocks + 63) / 64 * 64;
   with_format(w.format, [&](auto format) {
-    for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       if (next != nullptr)
         for (int64_t off = b * step; off < (b + 1) * step; off += 64) __builtin_prefetch(next + off);
       stage(format, panel, blocks, b);
@@ -86,8 +88,34 @@ struct Bf16PanelBuffer {
   void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
     bf16_t* out = sized(values, w.cols / 16 * kBf16PanelGroupElems);
     walk_panel_blocks(w, row0, next, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
-      B::template stage_block<decltype(format)::value>(panel, blocks, b, out);
+      B::template stage_block<decltype(format)::value>(panel, blocks, b, out + 2 * b * kBf16PanelGroupElems);
     });
+    data = out;
+  }
+};
+
+// One panel staged as B's bf16 panel a k-chunk at a time: stage() notes where it lies (for
+// for_each_panel_group), stage_chunk() stages its 32-value blocks [b0, b1), prefetching those of the
+// panel after it where asked.
+template <class B>
+struct Bf16ChunkBuffer {
+  const QMatrix* w = nullptr;
+  int64_t row0 = 0;
+  const uint8_t* next = nullptr;
+  std::vector<uint8_t> packed;
+  ScratchVector<bf16_t> values;
+  const bf16_t* data = nullptr;
+
+  void stage(const QMatrix& matrix, int64_t r0, const uint8_t* next_panel) {
+    w = &matrix;
+    row0 = r0;
+    next = next_panel;
+  }
+  void stage_chunk(int64_t b0, int64_t b1, bool prefetch_next) {
+    bf16_t* out = sized(values, (b1 - b0) * 2 * kBf16PanelGroupElems);
+    walk_panel_blocks(*w, row0, prefetch_next ? next : nullptr, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
+      B::template stage_block<decltype(format)::value>(panel, blocks, b, out + 2 * (b - b0) * kBf16PanelGroupElems);
+    }, b0, b1);
     data = out;
   }
 };
@@ -570,28 +598,61 @@ void apply_bf16(const Panel* p, const bf16_t* const* w, const QMatmulArgs& a, co
 
 constexpr int64_t kBf16GroupBytes = 768 << 10;
 
-// AMX tiles (B::kRowBlock > 1): panels w[0..n) against every activation row, B::kTileCols at a
-// time, both counts at run time.
+// k in chunks of at most this many 32-value blocks on AMX tiles (equal chunks): a group then holds
+// kBf16GroupBytes / (chunk values * 32 bytes) panels, 12 to 16, where a whole k = 8192 left room for
+// 3, and every group reads all the activation rows once. The rows stream from memory at about 22
+// GB/s on two Sapphire Rapids cores, so that 3 panels a pass held a 512-row k = 8192 matmul to its
+// reads (20-21 ms, 1.2 T products/s; 13.7 ms at k = 3072, 8 panels).
+constexpr int64_t kBf16ChunkBlocks = 64;
+
+// Panels p[0..n) (n <= group) against every activation row on AMX tiles, a k-chunk at a time: each
+// chunk's panels staged, then every block of 32 rows through them, the float32 sums of the 16 x 16
+// tiles carried from chunk to chunk in acc (exactly: a tile stored and loaded again holds the same
+// bits, so the chunks leave each element's sum as one pass over k makes it).
 template <class B>
-void apply_bf16_blocks(const Panel* p, int n, const bf16_t* const* w, const QMatmulArgs& a,
-                       const std::vector<const bf16_t*>& x) {
-  thread_local ScratchVector<float> buffer;
-  float* out = sized(buffer, n * B::kTileCols * kPanelRows);
-  for (int64_t c0 = 0; c0 < a.m; c0 += B::kTileCols) {
-    const int cols = static_cast<int>(std::min<int64_t>(B::kTileCols, a.m - c0));
-    B::tile(w, n, x.data() + c0, cols, a.k / 2, out);
-    store_tile(p, n, out, a, c0, cols);
+void apply_bf16_chunks(const Panel* p, Bf16ChunkBuffer<B>* buf, int n, const QMatmulArgs& a,
+                       const std::vector<const bf16_t*>& x, int64_t chunk_blocks) {
+  constexpr int R = B::kTilePanels, kBlock = B::kRowBlock;
+  const int64_t blocks = a.k / 32, row_blocks = (a.m + kBlock - 1) / kBlock, block_floats = n * kBlock * kPanelRows;
+  thread_local ScratchVector<float> acc_buffer;
+  float* acc = sized(acc_buffer, row_blocks * block_floats);
+  for (int64_t b0 = 0; b0 < blocks; b0 += chunk_blocks) {
+    const int64_t b1 = std::min(blocks, b0 + chunk_blocks);
+    const bf16_t* w[R];
+    for (int r = 0; r < n; ++r) {
+      buf[r].stage_chunk(b0, b1, b1 == blocks);
+      w[r] = buf[r].data;
+    }
+    const typename B::Session session;
+    for (int64_t c0 = 0; c0 < a.m; c0 += 2 * kBlock)
+      B::tile(w, n, x.data() + c0, a.m - c0 > kBlock, 16 * b0, 16 * b1, 2 * a.k, b0 > 0, acc + c0 / kBlock * block_floats,
+              block_floats);
+  }
+  float out[R * kBlock * kPanelRows];
+  for (int64_t rb = 0; rb < row_blocks; ++rb) {
+    const int cols = static_cast<int>(std::min<int64_t>(kBlock, a.m - rb * kBlock));
+    const float* f = acc + rb * block_floats;
+    if (cols < kBlock) {
+      for (int r = 0; r < n; ++r) std::memcpy(out + r * cols * kPanelRows, f + r * kBlock * kPanelRows, sizeof(float) * cols * kPanelRows);
+      f = out;
+    }
+    store_tile(p, n, f, a, rb * kBlock, cols);
   }
 }
 
+// Whether B's tiles read whole blocks of rows (AMX) and so take k in chunks.
+template <class B>
+constexpr bool tiles_in_chunks() {
+  return B::kRowBlock > 1;
+}
+
 // Bf16 activations: each panel is staged as a bf16 panel (B::stage_block), once per call, then
-// applied to every row. Tiles that read whole blocks of rows stage as many panels as keep their bf16
-// copies within kBf16GroupBytes, so that they stay in L2 while the activation rows stream past them
-// once per group.
+// applied to every row. AMX tiles, which read whole blocks of rows, stage as many panels as keep
+// their bf16 copies of a k-chunk within kBf16GroupBytes, so that they stay in L2 while the activation
+// rows stream past them once per group.
 template <class B>
 void run_bf16(const QMatmulArgs& a) {
   constexpr int R = B::kTilePanels;
-  const int64_t panel_elems = a.k / 16 * kBf16PanelGroupElems;
   std::vector<const bf16_t*> x(a.m);
   for (int64_t c = 0; c < a.m; ++c) x[c] = a.xb + c * a.k;
   // B reads rows in blocks of kRowBlock: the last partial block from a zero-padded copy.
@@ -601,16 +662,21 @@ void run_bf16(const QMatmulArgs& a) {
     std::copy(a.xb + full * a.k, a.xb + a.m * a.k, tail.begin());
     for (int64_t c = full; c < a.m; ++c) x[c] = tail.data() + (c - full) * a.k;
   }
-  int group = R;
-  if constexpr (B::kRowBlock > 1)
-    group = static_cast<int>(std::clamp<int64_t>(kBf16GroupBytes / (panel_elems * 2), 2, R));
-  for_each_panel_group<R, Bf16PanelBuffer<B>>(a, [&](const Panel* p, const Bf16PanelBuffer<B>* buf, int n, PanelsAhead) {
-    const typename B::Session session;
-    const bf16_t* w[R];
-    for (int r = 0; r < n; ++r) w[r] = buf[r].data;
-    if constexpr (B::kRowBlock > 1) apply_bf16_blocks<B>(p, n, w, a, x);
-    else with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
-  }, group);
+  if constexpr (tiles_in_chunks<B>()) {
+    const int64_t blocks = a.k / 32, chunks = (blocks + kBf16ChunkBlocks - 1) / kBf16ChunkBlocks;
+    const int64_t chunk_blocks = (blocks + chunks - 1) / chunks;
+    const int group = static_cast<int>(std::clamp<int64_t>(kBf16GroupBytes / (chunk_blocks * 2 * kBf16PanelGroupElems * 2), 2, R));
+    for_each_panel_group<R, Bf16ChunkBuffer<B>>(a, [&](const Panel* p, Bf16ChunkBuffer<B>* buf, int n, PanelsAhead) {
+      apply_bf16_chunks<B>(p, buf, n, a, x, chunk_blocks);
+    }, group);
+  } else {
+    for_each_panel_group<R, Bf16PanelBuffer<B>>(a, [&](const Panel* p, const Bf16PanelBuffer<B>* buf, int n, PanelsAhead) {
+      const typename B::Session session;
+      const bf16_t* w[R];
+      for (int r = 0; r < n; ++r) w[r] = buf[r].data;
+      with_count<R>(n, [&](auto panels) { apply_bf16<B, decltype(panels)::value>(p, w, a, x); });
+    });
+  }
 }
 
 }  // namespace

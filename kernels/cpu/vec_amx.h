@@ -63,7 +63,6 @@ struct AmxBf16Panel {
   // Two panels x two blocks of 16 activation rows at a time: four accumulator tiles (0-3), two A
   // tiles (4, 5) and two B tiles (6, 7), AMX's eight. Up to kTilePanels staged together (run_bf16).
   static constexpr int kTilePanels = 16;
-  static constexpr int kTileCols = 32;
   // Rows are read 16 at a time at one stride: a tile's rows past the last activation row must be
   // readable (run_bf16 copies the last partial block into a zero-padded buffer).
   static constexpr int kRowBlock = 16;
@@ -78,63 +77,65 @@ struct AmxBf16Panel {
     Bf16Panel::stage_block<F>(panel, blocks, b, out);
   }
 
-  // out[(r * cols + c) * 16 + lane] for panels w[0..panels) and activation rows x[0..cols); x[16 * i]
-  // starts a block of 16 rows `pairs * 4` bytes apart. Panels go two at a time, so each block of
-  // activation rows is read once for every two panels, from the cache for all but the first two.
-  static void tile(const bf16_t* const* w, int panels, const bf16_t* const* x, int cols, int64_t pairs, float* out) {
+  // The 16 x 16 float32 sums of panels w[0..panels) (staged from pair p0 on) and one or two blocks of
+  // 16 activation rows (x[0], x[16]: each the first of 16 rows `stride` bytes apart) over pairs
+  // [p0, p1) of k: carried on from acc when `resume`, else from zero, into acc, whose tile for block i
+  // and panel r starts at acc + i * block_floats + r * 256 (its rows 16 floats apart). Panels go two at
+  // a time, so each block of activation rows is read once for every two panels, from the cache for
+  // all but the first two.
+  static void tile(const bf16_t* const* w, int panels, const bf16_t* const* x, bool two_blocks, int64_t p0, int64_t p1,
+                   int64_t stride, bool resume, float* acc, int64_t block_floats) {
     for (int r = 0; r < panels; r += 2) {
       const bool two_panels = r + 1 < panels;
-      float* at = out + r * cols * 16;
-      if (cols > 16) {
-        two_panels ? tile_2x2<2, true>(w + r, x, pairs, cols, at) : tile_2x2<1, true>(w + r, x, pairs, cols, at);
+      float* at = acc + r * 256;
+      if (two_blocks) {
+        two_panels ? tile_2x2<2, true>(w + r, x, p0, p1, stride, resume, at, block_floats)
+                   : tile_2x2<1, true>(w + r, x, p0, p1, stride, resume, at, block_floats);
       } else {
-        two_panels ? tile_2x2<2, false>(w + r, x, pairs, cols, at) : tile_2x2<1, false>(w + r, x, pairs, cols, at);
+        two_panels ? tile_2x2<2, false>(w + r, x, p0, p1, stride, resume, at, block_floats)
+                   : tile_2x2<1, false>(w + r, x, p0, p1, stride, resume, at, block_floats);
       }
     }
   }
 
  private:
-  // R (1 or 2) panels against one or two blocks of 16 rows, of which `cols` are kept.
+  // R (1 or 2) panels against one or two blocks of 16 rows.
   template <int R, bool kTwoBlocks>
-  static void tile_2x2(const bf16_t* const* w, const bf16_t* const* x, int64_t pairs, int cols, float* out) {
-    const int64_t stride = pairs * 4;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t p = 0; p < pairs; p += 16) {
+  static void tile_2x2(const bf16_t* const* w, const bf16_t* const* x, int64_t p0, int64_t p1, int64_t stride, bool resume,
+                       float* acc, int64_t block_floats) {
+    float* const c0 = acc;                      // block 0, panel 0
+    float* const c1 = acc + block_floats;       // block 1, panel 0
+    float* const c2 = acc + 256;                // block 0, panel 1
+    float* const c3 = acc + block_floats + 256; // block 1, panel 1
+    if (resume) {
+      _tile_loadd(0, c0, 64);
+      if constexpr (kTwoBlocks) _tile_loadd(1, c1, 64);
+      if constexpr (R == 2) _tile_loadd(2, c2, 64);
+      if constexpr (R == 2 && kTwoBlocks) _tile_loadd(3, c3, 64);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int64_t p = p0; p < p1; p += 16) {
       _tile_loadd(4, x[0] + 2 * p, stride);
-      _tile_loadd(6, w[0] + 32 * p, 64);
+      _tile_loadd(6, w[0] + 32 * (p - p0), 64);
       _tile_dpbf16ps(0, 4, 6);
       if constexpr (kTwoBlocks) {
         _tile_loadd(5, x[16] + 2 * p, stride);
         _tile_dpbf16ps(1, 5, 6);
       }
       if constexpr (R == 2) {
-        _tile_loadd(7, w[1] + 32 * p, 64);
+        _tile_loadd(7, w[1] + 32 * (p - p0), 64);
         _tile_dpbf16ps(2, 4, 7);
         if constexpr (kTwoBlocks) _tile_dpbf16ps(3, 5, 7);
       }
     }
-    if (cols % 16 == 0) {
-      // Each block's 16 rows are contiguous in out: store in place.
-      _tile_stored(0, out, 64);
-      if constexpr (kTwoBlocks) _tile_stored(1, out + 16 * 16, 64);
-      if constexpr (R == 2) {
-        _tile_stored(2, out + cols * 16, 64);
-        if constexpr (kTwoBlocks) _tile_stored(3, out + cols * 16 + 16 * 16, 64);
-      }
-      return;
-    }
-    alignas(64) float acc[4][16 * 16];
-    _tile_stored(0, acc[0], 64);
-    if constexpr (kTwoBlocks) _tile_stored(1, acc[1], 64);
-    if constexpr (R == 2) {
-      _tile_stored(2, acc[2], 64);
-      if constexpr (kTwoBlocks) _tile_stored(3, acc[3], 64);
-    }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < cols; ++c) std::memcpy(out + (r * cols + c) * 16, acc[2 * r + c / 16] + (c % 16) * 16, 64);
+    _tile_stored(0, c0, 64);
+    if constexpr (kTwoBlocks) _tile_stored(1, c1, 64);
+    if constexpr (R == 2) _tile_stored(2, c2, 64);
+    if constexpr (R == 2 && kTwoBlocks) _tile_stored(3, c3, 64);
   }
 };
 

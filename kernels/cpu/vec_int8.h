@@ -655,7 +655,7 @@ struct Bf16PanelGeneric {
   static constexpr int kTileCols = 1;
   static constexpr int kRowBlock = 1;  // rows read one by one (vec_amx.h reads blocks)
   struct Session {};                    // no per-thread state to set up
-  // Block b of a packed panel as bf16 pairs (Bf16Panel::stage_block's layout), row by row.
+  // Block b of a packed panel as bf16 pairs (Bf16Panel::stage_block's layout) at out, row by row.
   template <QFormat F>
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* out) {
     constexpr int S = packed_unit(F).span_groups;
@@ -665,7 +665,7 @@ struct Bf16PanelGeneric {
           for (int i = 0; i < 4; ++i) {
             const int g = v / 4;
             const float q = Lanes1::to_float(Lanes1::sbyte(u[v], i));
-            out[(2 * b + g) * kBf16PanelGroupElems + (2 * (v % 4) + i / 2) * 32 + 2 * r + i % 2] =
+            out[g * kBf16PanelGroupElems + (2 * (v % 4) + i / 2) * 32 + 2 * r + i % 2] =
                 float_to_bf16(std::fma(q, s[S == 2 ? 0 : g], o[S == 2 ? 0 : g]));
           }
       });
@@ -695,15 +695,15 @@ struct Bf16Panel {
   static constexpr int kTileCols = 6;
   static constexpr int kRowBlock = 1;
   struct Session {};
-  // Block b of a packed panel as bf16 pairs, decoded straight from the panel (no int8 staging):
-  // for 16-value group g, vector 2v + h's 4-byte lane r holds values 4v + 2h and 4v + 2h + 1 of row
-  // r, each scale * q + offset rounded as float_to_bf16 rounds.
+  // Block b of a packed panel as bf16 pairs at out (its two 16-value groups), decoded straight from
+  // the panel (no int8 staging): for group g, vector 2v + h's 4-byte lane r holds values 4v + 2h and
+  // 4v + 2h + 1 of row r, each scale * q + offset rounded as float_to_bf16 rounds.
   template <QFormat F>
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, bf16_t* out) {
     static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     constexpr int S = packed_unit(F).span_groups;
-    with_decoded_block<Lanes, F>(panel, blocks, b, 0, [out, b](const __m512i* u, const __m512* s, const __m512* o) {
+    with_decoded_block<Lanes, F>(panel, blocks, b, 0, [out](const __m512i* u, const __m512* s, const __m512* o) {
       const __m512i interleave = _mm512_loadu_si512(kInterleave);
       for (int v = 0; v < 8; ++v) {
         const int g = v / 4;
@@ -714,7 +714,7 @@ struct Bf16Panel {
         f[1] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 16), 24));
         f[2] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(u[v], 8), 24));
         f[3] = _mm512_cvtepi32_ps(_mm512_srai_epi32(u[v], 24));
-        bf16_t* dst = out + (2 * b + g) * kBf16PanelGroupElems + 2 * (v % 4) * 32;
+        bf16_t* dst = out + g * kBf16PanelGroupElems + 2 * (v % 4) * 32;
         for (int h = 0; h < 2; ++h) {
           // cvtne2ps puts the first operand's 16 values in the upper half: lane r pairs value 2h
           // (lower half) with 2h + 1 (upper half) after the interleave.

@@ -274,6 +274,29 @@ def test_qmatmul_bf16_on_amx_tiles_agrees_with_vdpbf16ps(fmt):
         assert ((tiles - vdpbf16ps).abs() <= bound).all(), rows
 
 
+@pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["amx_bf16"],
+                    reason="needs a CPU (and OS) with AMX-BF16")
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q4_K"])
+def test_qmatmul_bf16_on_amx_tiles_gives_the_same_bits_wherever_k_is_cut(fmt):
+    """The tiles take k in equal chunks of at most 2048 values, each output's float32 sums carried
+    from one chunk to the next: where the cuts fall leaves the bits as they are. 4352 values (chunks
+    of 1472, 1472 and 1408) give exactly what the same products padded to 4608 with zero weights give
+    (three chunks of 1536), each row alone gives its bits in the batch, and all agree with vdpbf16ps
+    to float32 rounding."""
+    k, pad = 4352, 256
+    data, qtype = random_blocks(fmt, 40, k, 3)
+    padded = torch.cat([data, torch.zeros(data.shape[0], data.shape[1] * pad // k, dtype=torch.uint8)], 1)
+    x = torch.randn(37, k + pad, generator=torch.Generator().manual_seed(4)).bfloat16()
+    cut, _ = bf16_product(x[:, :k].contiguous(), data, qtype, "avx512", tiles=True)
+    whole, _ = bf16_product(x, padded, qtype, "avx512", tiles=True)
+    assert torch.equal(cut, whole)
+    alone = torch.cat([bf16_product(x[i:i + 1, :k].contiguous(), data, qtype, "avx512", tiles=True)[0] for i in range(37)])
+    assert torch.equal(cut, alone)
+    vdpbf16ps, _ = bf16_product(x[:, :k].contiguous(), data, qtype, "avx512", tiles=False)
+    bound = (x[:, :k].float().abs() @ ref.dequantize(data, qtype, k).abs().T) * 2**-20
+    assert ((cut - vdpbf16ps).abs() <= bound).all()
+
+
 def test_bad_arguments_raise():
     data, qtype = random_blocks("Q4_1", 4, 64, 0)
     q, d = ops.quantize_activations(torch.randn(2, 64))
