@@ -132,8 +132,10 @@ struct Panel {
 };
 
 // out[(r * cols + c) * 16 + lane] for panels p[0..panels) and activation rows c0.. (bias added) to the
-// targets' output rows.
-void store_tile(const Panel* p, int panels, const float* out, const QMatmulArgs& a, int64_t c0, int cols) {
+// targets' output rows; `stream`: a whole panel's 16 floats, where their destination is a cache line,
+// go past the caches (the caller fences after its last).
+void store_tile(const Panel* p, int panels, const float* out, const QMatmulArgs& a, int64_t c0, int cols,
+                bool stream = false) {
   for (int r = 0; r < panels; ++r) {
     const QMatmulTarget& t = *p[r].target;
     const int rows = static_cast<int>(std::min<int64_t>(kPanelRows, t.w.rows - p[r].row0));
@@ -144,6 +146,12 @@ void store_tile(const Panel* p, int panels, const float* out, const QMatmulArgs&
       // The bias test out of the loop: with it inside, GCC stored the floats one at a time (11% of a
       // 2048 x 8192 matmul against 64 rows on AMX tiles).
       if (t.bias == nullptr) {
+#if defined(MINDIE_ISA_AVX512)
+        if (stream && rows == kPanelRows && reinterpret_cast<uintptr_t>(dst) % 64 == 0) {
+          _mm512_stream_ps(dst, _mm512_loadu_ps(f));
+          continue;
+        }
+#endif
         std::memcpy(dst, f, sizeof(float) * rows);
       } else {
         const float* bias = t.bias + p[r].row0;
@@ -605,6 +613,17 @@ constexpr int64_t kBf16GroupBytes = 768 << 10;
 // reads (20-21 ms, 1.2 T products/s; 13.7 ms at k = 3072, 8 panels).
 constexpr int64_t kBf16ChunkBlocks = 64;
 
+// Outputs of more than this many bytes are written past the caches: read back from memory by the
+// next step anyway, they would only cost a read of each line before its write (the write-allocate)
+// and push out what the tiles reuse.
+constexpr int64_t kStreamOutputBytes = 16 << 20;
+
+bool streams_output(const QMatmulArgs& a) {
+  int64_t cols = 0;
+  for (int j = 0; j < a.num_targets; ++j) cols += a.targets[j].w.rows;
+  return a.m * cols * static_cast<int64_t>(sizeof(float)) > kStreamOutputBytes;
+}
+
 // Panels p[0..n) (n <= group) against every activation row on AMX tiles, a k-chunk at a time: each
 // chunk's panels staged, then every block of 32 rows through them, the float32 sums of the 16 x 16
 // tiles carried from chunk to chunk in acc (exactly: a tile stored and loaded again holds the same
@@ -629,6 +648,7 @@ void apply_bf16_chunks(const Panel* p, Bf16ChunkBuffer<B>* buf, int n, const QMa
               block_floats);
   }
   float out[R * kBlock * kPanelRows];
+  const bool stream = streams_output(a);
   for (int64_t rb = 0; rb < row_blocks; ++rb) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlock, a.m - rb * kBlock));
     const float* f = acc + rb * block_floats;
@@ -636,8 +656,11 @@ void apply_bf16_chunks(const Panel* p, Bf16ChunkBuffer<B>* buf, int n, const QMa
       for (int r = 0; r < n; ++r) std::memcpy(out + r * cols * kPanelRows, f + r * kBlock * kPanelRows, sizeof(float) * cols * kPanelRows);
       f = out;
     }
-    store_tile(p, n, f, a, rb * kBlock, cols);
+    store_tile(p, n, f, a, rb * kBlock, cols, stream);
   }
+#if defined(MINDIE_ISA_AVX512)
+  if (stream) _mm_sfence();
+#endif
 }
 
 // Whether B's tiles read whole blocks of rows (AMX) and so take k in chunks.

@@ -297,6 +297,28 @@ def test_qmatmul_bf16_on_amx_tiles_gives_the_same_bits_wherever_k_is_cut(fmt):
     assert ((cut - vdpbf16ps).abs() <= bound).all()
 
 
+@pytest.mark.skipif("avx512" not in _C.available_isas() or not _C.cpu_features()["amx_bf16"],
+                    reason="needs a CPU (and OS) with AMX-BF16")
+def test_large_outputs_written_past_the_caches_hold_the_same_bits():
+    """A bf16 matmul whose output passes 16 MB writes whole panels' floats with streaming stores where
+    they start a cache line (here every other row: 8200 floats a row): the same bits as each row
+    computed alone, whose small output is written the ordinary way, and the partial last panel too."""
+    data, qtype = random_blocks("Q4_0", 8200, 64, 11)
+    weight = ops.pack_panels(data, qtype)
+    x = torch.randn(520, 64, generator=torch.Generator().manual_seed(12)).bfloat16()
+    previous = _C.get_isa()
+    try:
+        _C.set_isa("avx512")
+        big = ops.qmatmul_bf16(x, weight, qtype, packed_rows=8200)
+        assert big.numel() * 4 > 16 << 20
+        for i in (0, 1, 255, 519):
+            assert torch.equal(big[i], ops.qmatmul_bf16(x[i:i + 1], weight, qtype, packed_rows=8200)[0]), i
+    finally:
+        _C.set_isa(previous)
+    want = x.double() @ ref.dequantize(data, qtype, 64).bfloat16().double().T  # each weight rounded to bf16
+    torch.testing.assert_close(big.double(), want, rtol=1e-5, atol=1e-4)
+
+
 def test_bad_arguments_raise():
     data, qtype = random_blocks("Q4_1", 4, 64, 0)
     q, d = ops.quantize_activations(torch.randn(2, 64))
