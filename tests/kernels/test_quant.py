@@ -290,7 +290,8 @@ def test_qmatmul_bf16_on_amx_tiles_gives_the_same_bits_wherever_k_is_cut(fmt):
     cut, _ = bf16_product(x[:, :k].contiguous(), data, qtype, "avx512", tiles=True)
     whole, _ = bf16_product(x, padded, qtype, "avx512", tiles=True)
     assert torch.equal(cut, whole)
-    alone = torch.cat([bf16_product(x[i:i + 1, :k].contiguous(), data, qtype, "avx512", tiles=True)[0] for i in range(37)])
+    rows = [x[i:i + 1, :k].contiguous() for i in range(37)]
+    alone = torch.cat([bf16_product(row, data, qtype, "avx512", tiles=True)[0] for row in rows])
     assert torch.equal(cut, alone)
     vdpbf16ps, _ = bf16_product(x[:, :k].contiguous(), data, qtype, "avx512", tiles=False)
     bound = (x[:, :k].float().abs() @ ref.dequantize(data, qtype, k).abs().T) * 2**-20
