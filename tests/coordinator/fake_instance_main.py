@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # helpers, which fakes imports
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402

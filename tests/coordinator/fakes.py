@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 import uvicorn
+from helpers.server import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -31,12 +31,6 @@ from mindie.pd.records import RecordKind, close_record, encode
 
 MODEL = "fake-model"
 PScript = Callable[["FakeInstance", Request, bytes], Awaitable[Response]]
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def event(text: str, path: str = "/infer") -> bytes:
