@@ -78,33 +78,32 @@ struct PanelBuffer {
   StagedPanel<Weight> ref() const { return {q, scale, offset}; }
 };
 
-// One panel staged as B's bf16 panel (B::stage_block), straight from its blocks.
+// One panel staged as B's bf16 panel (B::stage_block), straight from its blocks: all of them, or
+// 32-value blocks [b0, b1) (a k-chunk), prefetching the same blocks of `next`.
 template <class B>
 struct Bf16PanelBuffer {
   std::vector<uint8_t> packed;
   ScratchVector<bf16_t> values;
   const bf16_t* data = nullptr;
 
-  void stage(const QMatrix& w, int64_t row0, const uint8_t* next) {
-    bf16_t* out = sized(values, w.cols / 16 * kBf16PanelGroupElems);
+  void stage(const QMatrix& w, int64_t row0, const uint8_t* next) { stage_blocks(w, row0, next, 0, w.cols / 32); }
+  void stage_blocks(const QMatrix& w, int64_t row0, const uint8_t* next, int64_t b0, int64_t b1) {
+    bf16_t* out = sized(values, (b1 - b0) * 2 * kBf16PanelGroupElems);
     walk_panel_blocks(w, row0, next, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
-      B::template stage_block<decltype(format)::value>(panel, blocks, b, out + 2 * b * kBf16PanelGroupElems);
-    });
+      B::template stage_block<decltype(format)::value>(panel, blocks, b, out + 2 * (b - b0) * kBf16PanelGroupElems);
+    }, b0, b1);
     data = out;
   }
 };
 
-// One panel staged as B's bf16 panel a k-chunk at a time: stage() notes where it lies (for
-// for_each_panel_group), stage_chunk() stages its 32-value blocks [b0, b1), and where they are all of
-// k prefetches the panel staged after it (for_each_panel_group's `next`) block by block meanwhile.
+// The same staged a k-chunk at a time: stage() only notes where the panel lies (for
+// for_each_panel_group), stage_chunk() stages blocks [b0, b1), and where they are all of k prefetches
+// the panel staged after it (for_each_panel_group's `next`) meanwhile.
 template <class B>
-struct Bf16ChunkBuffer {
+struct Bf16ChunkBuffer : Bf16PanelBuffer<B> {
   const QMatrix* w = nullptr;
   int64_t row0 = 0;
   const uint8_t* next = nullptr;
-  std::vector<uint8_t> packed;
-  ScratchVector<bf16_t> values;
-  const bf16_t* data = nullptr;
 
   void stage(const QMatrix& matrix, int64_t r0, const uint8_t* next_panel) {
     w = &matrix;
@@ -112,12 +111,8 @@ struct Bf16ChunkBuffer {
     next = next_panel;
   }
   void stage_chunk(int64_t b0, int64_t b1) {
-    bf16_t* out = sized(values, (b1 - b0) * 2 * kBf16PanelGroupElems);
     const bool whole = b0 == 0 && b1 == w->cols / 32;
-    walk_panel_blocks(*w, row0, whole ? next : nullptr, packed, [&](auto format, const uint8_t* panel, int64_t blocks, int64_t b) {
-      B::template stage_block<decltype(format)::value>(panel, blocks, b, out + 2 * (b - b0) * kBf16PanelGroupElems);
-    }, b0, b1);
-    data = out;
+    this->stage_blocks(*w, row0, whole ? next : nullptr, b0, b1);
   }
 };
 
