@@ -70,7 +70,7 @@ class LLMEngine:
             1, int(config.kv_cache_mem_gb * 2**30) // kv_bytes_per_block(loaded, config.block_size)
         )
         window = loaded.config.kv_window
-        window_peak = window_blocks(window, config.block_size, config.max_prefill_tokens) if window else 0
+        window_peak = window_blocks(window, config.block_size, config.step_tokens) if window else 0
         self.limits = config.limits(loaded.config.max_position, num_blocks * config.block_size,
                                     window_fits=0 < window_peak <= num_blocks)
         self.config = config.with_limits(self.limits)

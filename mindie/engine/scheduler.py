@@ -2,15 +2,15 @@
 
 There are no separate prefill and decode phases. Every sequence has `token_ids` (prompt plus
 generated tokens) and `num_computed_tokens` (those whose KV is cached); each step, sequences catch
-up under a token budget (`maxPrefillTokens`). A decode step is a catch-up of one token, a long
-prompt catches up a chunk at a time (chunked prefill, so running decodes are never stalled behind
-it), a prefix-cache hit starts a sequence with tokens already computed, and a preempted sequence
-starts again from zero (recompute). Running sequences are served first, oldest-priority first;
-then waiting ones are admitted by (priority, arrival) while the budget, the batch limits and the
-free blocks allow. When a running sequence cannot get a block, the lowest-priority, newest running
-sequence is preempted. Blocks themselves belong to the BlockManager (mechanism); this module only
-asks it. On a model whose every layer slides (Phi-3), blocks that have left a sequence's window are
-given back as it runs (`after_step`).
+up under a token budget (`prefillChunkSize`, at most `maxPrefillTokens`). A decode step is a
+catch-up of one token, a long prompt catches up a chunk at a time (chunked prefill, so running
+decodes are never stalled behind it), a prefix-cache hit starts a sequence with tokens already
+computed, and a preempted sequence starts again from zero (recompute). Running sequences are served
+first, oldest-priority first; then waiting ones are admitted by (priority, arrival) while the
+budget, the batch limits and the free blocks allow. When a running sequence cannot get a block, the
+lowest-priority, newest running sequence is preempted. Blocks themselves belong to the BlockManager
+(mechanism); this module only asks it. On a model whose every layer slides (Phi-3), blocks that have
+left a sequence's window are given back as it runs (`after_step`).
 
 The beams of a beam-search request (`Sequence.lockstep`) are one unit: admitted together or not
 at all, served in the same step (all of them decode together; only a unit larger than the rest
@@ -33,7 +33,7 @@ from mindie.engine.sequence import Sequence, SequenceStatus
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_prefill_tokens: int = 8192  # token budget of one step (maxPrefillTokens)
+    step_tokens: int = 512  # token budget of one step (prefillChunkSize, at most maxPrefillTokens)
     max_batch_size: int = 200  # running sequences (maxBatchSize)
     max_prefill_batch_size: int = 50  # sequences with prompt tokens in one step (maxPrefillBatchSize)
     max_preempt_count: int = 200  # preemptions per step (maxPreemptCount)
@@ -100,7 +100,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_prefill_tokens
+        budget = self.config.step_tokens
         prefills = 0
         scheduled_ids: set[int] = set()
         handled: set[int] = set()
@@ -152,7 +152,7 @@ class Scheduler:
         rounds differently from a prompt row, and where a prompt is cut depends on what else the
         step runs; so a token's result would depend on the batch."""
         n = min(pending, budget)
-        if pending < 2 or self.config.max_prefill_tokens < 2:
+        if pending < 2 or self.config.step_tokens < 2:
             return n
         if pending - n == 1:
             n -= 1

@@ -135,7 +135,7 @@ _SCHEDULE: dict[str, Key] = {
     "maxQueueDelayMicroseconds": Key("int", lo=500, hi=1000000),
     "maxFirstTokenWaitTime": Key("int", lo=0, hi=3600000, honoured=False),
     "maxN": Key("int", lo=1, hi=128),
-    "prefillChunkSize": Key("int", lo=1, hi=4194304, honoured=False),
+    "prefillChunkSize": ENGINE_KEYS["prefillChunkSize"][1],
     "maxNumPartialPrefills": Key("int", lo=1, hi=819200, honoured=False),
     "longPrefillTokenThreshold": Key("int", lo=1, hi=4194304, honoured=False),
     "maxLongPartialPrefills": Key("int", lo=1, hi=819200, honoured=False),
@@ -292,8 +292,8 @@ class ServerSettings:
                     f"here), got {kind!r}"
                 )
         engine_keys: dict[str, Any] = {k: schedule[k] for k in (
-            "cacheBlockSize", "maxPrefillBatchSize", "maxPrefillTokens", "maxBatchSize", "maxIterTimes",
-            "maxPreemptCount", "enablePrefixCache") if k in schedule}
+            "cacheBlockSize", "maxPrefillBatchSize", "maxPrefillTokens", "prefillChunkSize", "maxBatchSize",
+            "maxIterTimes", "maxPreemptCount", "enablePrefixCache") if k in schedule}
         engine_keys.update({k: deploy[k] for k in ("maxSeqLen", "maxInputTokenLen") if k in deploy})
         if model.get("npuMemSize", -1) not in (-1, 0):
             engine_keys["kvCacheMemGB"] = model["npuMemSize"]

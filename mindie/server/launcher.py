@@ -45,6 +45,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     steps.update(1)
     steps.close()
     print(f"context: {engine.limits.describe()}", file=sys.stderr)
+    print(f"steps: {engine.config.describe_steps()}", file=sys.stderr)
     name = settings.model_name or loaded.name
     # From here on the settings say what runs: the served name, and every token limit set.
     settings = replace(settings, model_name=name, engine=engine.config)

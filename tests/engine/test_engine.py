@@ -61,6 +61,7 @@ def make_engine(loaded, **keys) -> LLMEngine:
     [
         dict(cacheBlockSize=4),  # plain batch of mixed lengths
         dict(cacheBlockSize=4, maxPrefillTokens=7),  # chunked prefill, decodes interleaved
+        dict(cacheBlockSize=4, prefillChunkSize=9),  # the same, by the step budget under maxPrefillTokens
         dict(cacheBlockSize=8, numKvBlocks=14, maxPrefillTokens=64),  # too few blocks: preemption
         # batch limits; a pool sized to the test, as check_invariants walks every block after each step
         dict(cacheBlockSize=1, numKvBlocks=1024, maxBatchSize=2, maxPrefillBatchSize=1),
@@ -76,6 +77,34 @@ def test_greedy_matches_transformers(tiny_llama, hf, config):
         got_lp = [lp.logprob for o in outs[str(i)] for lp in o.new_logprobs]
         assert max(abs(a - b) for a, b in zip(got_lp, want_lp)) < 1e-3
         assert outs[str(i)][-1].finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("keys, budget", [
+    ({}, 512),  # unset: DEFAULT_STEP_TOKENS
+    ({"maxPrefillTokens": 300}, 300),  # ... at most maxPrefillTokens
+    ({"prefillChunkSize": 100}, 100),
+])
+def test_a_step_computes_at_most_its_budget_and_output_is_unchanged(tiny_llama, keys, budget):
+    """A burst of prompts is spread over full steps of the budget, decodes riding along, and every
+    request's tokens are those of one step taking all the prompts at once."""
+    ps = prompts(60, seed=5, max_len=60)
+    assert sum(map(len, ps)) > 2 * budget
+    whole = make_engine(tiny_llama, cacheBlockSize=4, numKvBlocks=1500, prefillChunkSize=8192)
+    want = run(whole, [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(ps)])
+    engine = make_engine(tiny_llama, cacheBlockSize=4, numKvBlocks=1500, **keys)
+    sizes = []
+    schedule = engine.scheduler.schedule
+
+    def spy():
+        out = schedule()
+        sizes.append(out.num_tokens)
+        return out
+
+    engine.scheduler.schedule = spy
+    got = run(engine, [EngineRequest(str(i), p, GREEDY) for i, p in enumerate(ps)])
+    assert max(sizes) <= budget and sizes[0] >= budget - 1  # a prompt is never left one token
+    assert sum(s >= budget - 1 for s in sizes) >= 2
+    assert {k: tokens(v) for k, v in got.items()} == {k: tokens(v) for k, v in want.items()}
 
 
 def test_preemption_happened_and_output_is_unchanged(tiny_llama):

@@ -36,7 +36,7 @@ def decode_step(sched: Scheduler, out: SchedulerOutput, token: int | None = 7) -
 
 
 def test_token_budget_chunks_a_long_prompt_and_keeps_decodes_running():
-    sched = make(max_prefill_tokens=8)
+    sched = make(step_tokens=8)
     short = seq("short", 3, arrival=0)
     sched.add(short)
     out = sched.schedule()
@@ -58,7 +58,7 @@ def test_token_budget_chunks_a_long_prompt_and_keeps_decodes_running():
 
 def test_a_prompt_is_never_cut_into_a_one_token_piece():
     # A one-token piece would run as a decode row, rounding unlike the rest of its prompt.
-    sched = make(max_prefill_tokens=8)
+    sched = make(step_tokens=8)
     first = seq("a", 7, arrival=0)
     sched.add(first)
     sched.add(seq("b", 5, arrival=1))
@@ -67,7 +67,7 @@ def test_a_prompt_is_never_cut_into_a_one_token_piece():
     decode_step(sched, out)
     out = sched.schedule()
     assert plan(out) == [("a#0", 1), ("b#0", 5)]
-    sched = make(max_prefill_tokens=4)
+    sched = make(step_tokens=4)
     sched.add(seq("c", 5))
     out = sched.schedule()
     assert plan(out) == [("c#0", 3)]  # 4 would leave a last piece of one
@@ -76,7 +76,7 @@ def test_a_prompt_is_never_cut_into_a_one_token_piece():
 
 
 def test_admission_follows_priority_then_arrival():
-    sched = make(max_prefill_tokens=64, max_prefill_batch_size=2)
+    sched = make(step_tokens=64, max_prefill_batch_size=2)
     sched.add(seq("late-low", 2, priority=5, arrival=2))
     sched.add(seq("early-low", 2, priority=5, arrival=1))
     sched.add(seq("high", 2, priority=1, arrival=3))
@@ -109,7 +109,7 @@ def test_block_shortage_preempts_the_newest_lowest_priority():
 
 
 def test_sibling_samples_wait_for_the_lead_prompt_then_share_it():
-    sched = make(max_prefill_tokens=64)
+    sched = make(step_tokens=64)
     lead = seq("r", 10, index=0)
     sibling = seq("r", 10, index=1, lead=lead)
     sched.add(lead)
@@ -123,7 +123,7 @@ def test_sibling_samples_wait_for_the_lead_prompt_then_share_it():
 
 
 def test_remove_in_any_phase_frees_everything():
-    sched = make(max_prefill_tokens=4)
+    sched = make(step_tokens=4)
     running, waiting = seq("running", 10, arrival=0), seq("waiting", 3, arrival=1)
     sched.add(running)
     sched.add(waiting)
@@ -157,7 +157,7 @@ def fork_all(sched: Scheduler, group: list[Sequence], width: int, first: int = 1
 
 
 def test_beam_group_decodes_together_with_copy_on_write():
-    sched = make(max_prefill_tokens=64)
+    sched = make(step_tokens=64)
     group = beam_group("b", 6, 3)
     sched.add(group[0])
     out = sched.schedule()
@@ -176,7 +176,7 @@ def test_beam_group_decodes_together_with_copy_on_write():
 
 
 def test_beam_group_is_preempted_and_readmitted_whole():
-    sched = make(num_blocks=8, max_prefill_tokens=64)
+    sched = make(num_blocks=8, step_tokens=64)
     old = seq("old", 8, arrival=0)
     group = beam_group("b", 6, 3, arrival=1)
     sched.add(old)
@@ -204,7 +204,7 @@ def test_beam_group_is_preempted_and_readmitted_whole():
 
 
 def test_beam_group_admission_is_all_or_nothing():
-    sched = make(num_blocks=5, max_prefill_tokens=64)
+    sched = make(num_blocks=5, step_tokens=64)
     group = beam_group("b", 6, 3)
     sched.add(group[0])
     out = sched.schedule()
@@ -224,7 +224,7 @@ def test_beam_group_admission_is_all_or_nothing():
 
 
 def test_beam_group_larger_than_the_budget_is_split():
-    sched = make(max_prefill_tokens=2)
+    sched = make(step_tokens=2)
     group = beam_group("b", 2, 3)
     sched.add(group[0])
     out = sched.schedule()

@@ -62,6 +62,15 @@ def test_cli_flags_override_the_config(tmp_path):
     assert (s.port, s.api_key, s.model_path, s.management_port) == (2025, "k", "model.gguf", 1026)
 
 
+def test_prefill_chunk_size_is_the_step_budget_within_max_prefill_tokens():
+    schedule = {"maxPrefillTokens": 4096, "prefillChunkSize": 1024}
+    engine = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": schedule}}).engine
+    assert engine.step_tokens == 1024 and engine.scheduler_config().step_tokens == 1024
+    assert EngineConfig().step_tokens == 512 and EngineConfig(max_prefill_tokens=64).step_tokens == 64
+    with pytest.raises(ConfigError, match=r"prefillChunkSize must be in \[1, maxPrefillTokens=4096\], got 4097"):
+        ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": {**schedule, "prefillChunkSize": 4097}}})
+
+
 def test_schedule_keys_reach_the_server():
     s = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": {"maxN": 4, "maxQueueDelayMicroseconds": 1000}}})
     assert s.max_n == 4 and s.queue_delay_s == 0.001
@@ -72,6 +81,7 @@ def test_schedule_keys_reach_the_server():
     ("maxSeqLen", "max_seq_len", 1, "maxSeqLen must be in [2, 2147483647], got 1"),
     ("maxPrefillTokens", "max_prefill_tokens", 0, "maxPrefillTokens must be in [1, 4194304], got 0"),
     ("maxSeqLen", "max_seq_len", 1.5, "maxSeqLen must be an integer in [2, 2147483647], got 1.5"),
+    ("prefillChunkSize", "prefill_chunk_size", 0, "prefillChunkSize must be in [1, 4194304], got 0"),
 ])
 def test_an_engine_key_is_refused_alike_by_config_json_and_the_engine(key, field, value, words):
     """One checker: config.json's ModelDeployConfig/ScheduleConfig and EngineConfig share each key's Key."""
