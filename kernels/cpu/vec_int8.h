@@ -219,7 +219,7 @@ struct Int8Panel {
             wq[v] = _mm512_abs_epi8(u[v]);
           }
         }
-        for (int c = 0; c < C; ++c) {
+        auto row = [&](int c) __attribute__((always_inline)) {
           // Two chains per plane (S = 2) or one per span (S = 1): the int32 sums are exact, so their
           // order does not matter.
           __m512i acc[2][2] = {{z, z}, {z, z}};
@@ -246,6 +246,16 @@ struct Int8Panel {
               f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x[c].sum16[2 * b + e]), f[c]);
             }
           }
+        };
+        // Unrolled, each row's float accumulator stays in a register instead of going through the
+        // stack every block: from L2 on a Zen 5 core, Q4_K 2 and 4 rows 17.6 -> 12.9 and 26.2 -> 21.7
+        // us, Q4_0 8 rows 49 -> 36. Q6_K's two spans a block need more than the 32 registers at 8
+        // rows, where unrolling spills (50 -> 93 us).
+        if constexpr (F == QFormat::kQ6_K && C == 8) {
+          for (int c = 0; c < C; ++c) row(c);
+        } else {
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) row(c);
         }
         ahead.rest();
       }, std::make_integer_sequence<int, kUnitBlocks>{});
