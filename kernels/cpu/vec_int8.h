@@ -508,7 +508,7 @@ struct Int8Panel {
           __m256i u[8];
           __m256 sc[2], off[2];
           decode_block<Lanes, F, decltype(j)::value>(at.runs, at.headers, u, sc, off);
-          for (int c = 0; c < C; ++c) {
+          auto row = [&](int c) __attribute__((always_inline)) {
             if constexpr (F == QFormat::kQ8_0) {
               // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
               __m256i acc[2] = {z, z};
@@ -560,6 +560,15 @@ struct Int8Panel {
                 f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x[c].sum32[b] : x[c].sum16[2 * b + e]), f[c][h]);
               }
             }
+          };
+          // Unrolled as in the AVX-512 variant, but only up to 2 rows: with 16 registers, 3 rows of
+          // Q6_K and 4 of Q4_K spill and run up to twice as long. On a Zen 5 core from L2, 2 rows:
+          // Q4_K 37.7 -> 32.4 us, Q6_K 47.7 -> 40.3, Q8_0 33.0 -> 29.9.
+          if constexpr (C <= 2) {
+#pragma GCC unroll 2
+            for (int c = 0; c < C; ++c) row(c);
+          } else {
+            for (int c = 0; c < C; ++c) row(c);
           }
         }
         ahead.rest();
