@@ -64,7 +64,9 @@ def test_cli_flags_override_the_config(tmp_path):
 
 def test_prefill_chunk_size_is_the_step_budget_within_max_prefill_tokens():
     schedule = {"maxPrefillTokens": 4096, "prefillChunkSize": 1024}
-    engine = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": schedule}}).engine
+    settings = ServerSettings.from_dict({"BackendConfig": {"ScheduleConfig": schedule}})
+    assert not any("prefillChunkSize" in key for key in settings.ignored)
+    engine = settings.engine
     assert engine.step_tokens == 1024 and engine.scheduler_config().step_tokens == 1024
     assert EngineConfig().step_tokens == 512 and EngineConfig(max_prefill_tokens=64).step_tokens == 64
     with pytest.raises(ConfigError, match=r"prefillChunkSize must be in \[1, maxPrefillTokens=4096\], got 4097"):
