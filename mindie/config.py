@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mindie.config_keys import ConfigError, Key
-from mindie.engine.scheduler import SchedulerConfig
+from mindie.engine.scheduler import DEFAULT_STEP_TOKENS, SchedulerConfig
 
 _INT_MAX = 2**31 - 1
 # MindIE key -> (EngineConfig field, its type and range); config.json's sections use these same keys
@@ -38,11 +38,6 @@ ENGINE_KEYS: dict[str, tuple[str, Key]] = {
 }
 
 DEFAULT_MAX_ITER_TIMES = 512  # MindIE's default maxIterTimes
-# A step's token budget when prefillChunkSize is unset (MindIE's "dynamic"). On the CPU a step's
-# matmuls reach their full rate by 256-512 rows (3B Q4_K_M: 155 prompt tok/s in steps of 256 tokens,
-# 160 in steps of 2048; the 135 M model is fastest at 256-512); a larger step computes no faster,
-# it only makes every prompt in it wait for the last one and stalls the running streams behind it.
-DEFAULT_STEP_TOKENS = 512
 
 
 @dataclass(frozen=True)
