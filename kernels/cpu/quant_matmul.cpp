@@ -345,10 +345,38 @@ class PanelWalk {
 // the cores, which a call of a few microseconds (a 135M model's q/k/v) does not repay.
 constexpr int64_t kClaimedBytes = int64_t{1} << 20;
 
+// The C rows of each call (xs[i] the rows of calls[i]) as D::stream reads them, in rows[i] (buffers
+// kept from call to call). A copy of 72 bytes a row and block; on a Zen 5 core all the projections of
+// a 3B decode step at 8 rows took 75-77 ms with it against 95-96 without.
+template <int C>
+void interleave_rows(const QMatmulArgs* calls, int num_calls, const std::vector<ActRef>* xs, StreamRows* rows) {
+  thread_local ScratchVector<int8_t> planes_buffer[kMaxQMatmulBatch];
+  thread_local ScratchVector<float> scales_buffer[kMaxQMatmulBatch];
+  for (int i = 0; i < num_calls; ++i) {
+    const int64_t blocks = calls[i].k / 32;
+    int8_t* planes = sized(planes_buffer[i], blocks * C * 64);
+    float* d = sized(scales_buffer[i], blocks * C * 4);
+    float* sum32 = d + blocks * C;
+    float* sum16 = sum32 + blocks * C;
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int c = 0; c < C; ++c) {
+        const ActRef& x = xs[i][c];
+        std::memcpy(planes + (b * C + c) * 64, x.hi + 32 * b, 32);
+        std::memcpy(planes + (b * C + c) * 64 + 32, x.lo + 32 * b, 32);
+        d[b * C + c] = x.d[b];
+        sum32[b * C + c] = x.sum32[b];
+        for (int e = 0; e < 2; ++e) sum16[(2 * b + e) * C + c] = x.sum16[2 * b + e];
+      }
+    rows[i] = {planes, d, sum32, sum16};
+  }
+}
+
 // C activation rows of each call (xs[c] the rows of calls[c]) against every packed panel of its
 // targets, as it lies.
 template <class D, int C>
 void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<ActRef>* xs) {
+  StreamRows rows[kMaxQMatmulBatch];
+  interleave_rows<C>(calls, num_calls, xs, rows);
   const PanelSplit split(calls, num_calls);
   int64_t bytes = 0;
   for (int j = 0; j < split.num_targets; ++j) bytes += packed_rows(split.targets[j]->w.rows) * split.targets[j]->w.row_bytes;
@@ -370,8 +398,7 @@ void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<Ac
       const uint8_t* panel = w.data + p.row0 * w.row_bytes;
       float out[C * kPanelRows];
       with_format(w.format, [&](auto format) {
-        D::template stream<decltype(format)::value, C>(panel, blocks, xs[p.call].data(), pf, pf + pf_bytes, pf_step,
-                                                        out);
+        D::template stream<decltype(format)::value, C>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
       });
       store_tile(&p, 1, out, calls[p.call], 0, C);
     }

@@ -64,6 +64,18 @@ struct ActRef {
   float sum(int64_t span) const { return S == 2 ? sum32[span] : sum16[span]; }
 };
 
+// The C activation rows of a streaming GEMV call (Int8Panel::stream) laid out by block: block b's
+// 32 values of row c in both planes at planes + (b * C + c) * 64 (hi, then lo), its d and sums at
+// [b * C + c]. One pointer per field then reaches every row at a constant offset; through ActRef,
+// 8 rows brought 32 pointers that outnumbered the general registers and were reloaded from the
+// stack between the dot products.
+struct StreamRows {
+  const int8_t* planes;  // [blocks][C][hi 32, lo 32]
+  const float* d;        // [blocks][C]
+  const float* sum32;    // [blocks][C]
+  const float* sum16;    // [2 * blocks][C]
+};
+
 // One block's share of the prefetches of the panel a streaming GEMV reads next: its `lines` cache
 // lines from `at`, issued into L2 (prefetcht1) one at a time between the block's dot products
 // (slot()) rather than as a burst of back-to-back prefetch instructions. On a Sapphire Rapids core
@@ -192,7 +204,7 @@ struct Int8Panel {
   // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
   // pf_step bytes per block.
   template <QFormat F, int C>
-  static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
+  static void stream(const uint8_t* panel, int64_t blocks, const StreamRows& x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
     const __m512i z = _mm512_setzero_si512();
@@ -224,7 +236,7 @@ struct Int8Panel {
           // order does not matter.
           __m512i acc[2][2] = {{z, z}, {z, z}};
           for (int plane = 0; plane < 2; ++plane) {
-            const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+            const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
             for (int v = 0; v < 8; ++v) {
               if (c == 0) ahead.slot(8 * plane + v);
               const int chain = S == 2 ? v % 2 : v / 4;
@@ -233,25 +245,25 @@ struct Int8Panel {
               else acc[plane][chain] = dot(acc[plane][chain], wq[v], sv);
             }
           }
-          const __m512 xd = _mm512_set1_ps(x[c].d[b]);
+          const __m512 xd = _mm512_set1_ps(x.d[b * C + c]);
           if constexpr (S == 2) {
             const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(acc[0][0], acc[0][1]), 7),
                                                  _mm512_add_epi32(acc[1][0], acc[1][1]));
             f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[0], xd), f[c]);
-            if constexpr (F != QFormat::kQ8_0) f[c] = _mm512_fmadd_ps(off[0], _mm512_set1_ps(x[c].sum32[b]), f[c]);
+            if constexpr (F != QFormat::kQ8_0) f[c] = _mm512_fmadd_ps(off[0], _mm512_set1_ps(x.sum32[b * C + c]), f[c]);
           } else {
             for (int e = 0; e < 2; ++e) {
               const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[0][e], 7), acc[1][e]);
               f[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sc[e], xd), f[c]);
-              f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x[c].sum16[2 * b + e]), f[c]);
+              f[c] = _mm512_fmadd_ps(off[e], _mm512_set1_ps(x.sum16[(2 * b + e) * C + c]), f[c]);
             }
           }
         };
         // Unrolled, each row's float accumulator stays in a register instead of going through the
         // stack every block: from L2 on a Zen 5 core, Q4_K 2 and 4 rows 17.6 -> 12.9 and 26.2 -> 21.7
-        // us, Q4_0 8 rows 49 -> 36. Q6_K's two spans a block need more than the 32 registers at 8
-        // rows, where unrolling spills (50 -> 93 us).
-        if constexpr (F == QFormat::kQ6_K && C == 8) {
+        // us, Q4_0 8 rows 49 -> 36. At 7 and 8 rows of Q4_K and Q6_K, whose blocks decode with more
+        // live values, unrolled rows spill: Q6_K at 7 rows 43-45 -> 57-59 us.
+        if constexpr ((F == QFormat::kQ6_K || F == QFormat::kQ4_K) && C >= 7) {
           for (int c = 0; c < C; ++c) row(c);
         } else {
 #pragma GCC unroll 8
@@ -491,7 +503,7 @@ struct Int8Panel {
   static constexpr int kStreamCols = 8;
 
   template <QFormat F, int C>
-  static void stream(const uint8_t* panel, int64_t blocks, const ActRef* x, const uint8_t* pf, const uint8_t* pf_end,
+  static void stream(const uint8_t* panel, int64_t blocks, const StreamRows& x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
     constexpr int kPairSums = int16_pair_sums(F);  // byte products summed in int16 before widening
@@ -513,14 +525,14 @@ struct Int8Panel {
               // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
               __m256i acc[2] = {z, z};
               for (int plane = 0; plane < 2; ++plane) {
-                const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                 for (int v = 0; v < 8; ++v) {
                   if (h == 0 && c == 0) ahead.slot(8 * plane + v);
                   acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
                 }
               }
               const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(acc[0], 7), acc[1]);
-              f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc[0], _mm256_set1_ps(x[c].d[b])), f[c][h]);
+              f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(sc[0], _mm256_set1_ps(x.d[b * C + c])), f[c][h]);
             } else {
               __m256i sum[2] = {z, z};  // per span (S = 1), or sum[0] alone
               if constexpr (Vnni) {
@@ -528,7 +540,7 @@ struct Int8Panel {
                 // (S = 2: two chains of vpdpbusd's latency rather than one of 8).
                 __m256i acc[2][2] = {{z, z}, {z, z}};
                 for (int plane = 0; plane < 2; ++plane) {
-                  const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                  const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                   for (int v = 0; v < 8; ++v) {
                     if (h == 0 && c == 0) ahead.slot(8 * plane + v);
                     __m256i& s = acc[plane][S == 2 ? v % 2 : v / 4];
@@ -542,7 +554,7 @@ struct Int8Panel {
                 for (int e = 0; e < 3 - S; ++e) sum[e] = _mm256_add_epi32(_mm256_slli_epi32(acc[0][e], 7), acc[1][e]);
               } else {
                 for (int plane = 0; plane < 2; ++plane) {
-                  const int8_t* a = (plane == 0 ? x[c].hi : x[c].lo) + 32 * b;
+                  const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                   for (int v0 = 0; v0 < 8; v0 += kPairSums) {
                     __m256i pairs = z;
                     for (int v = v0; v < v0 + kPairSums; ++v) {
@@ -554,10 +566,10 @@ struct Int8Panel {
                   }
                 }
               }
-              const __m256 xd = _mm256_set1_ps(x[c].d[b]);
+              const __m256 xd = _mm256_set1_ps(x.d[b * C + c]);
               for (int e = 0; e < 3 - S; ++e) {
                 f[c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[e]), _mm256_mul_ps(sc[e], xd), f[c][h]);
-                f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x[c].sum32[b] : x[c].sum16[2 * b + e]), f[c][h]);
+                f[c][h] = _mm256_fmadd_ps(off[e], _mm256_set1_ps(S == 2 ? x.sum32[b * C + c] : x.sum16[(2 * b + e) * C + c]), f[c][h]);
               }
             }
           };
