@@ -212,9 +212,10 @@ struct Int8Panel {
                      int64_t pf_step, float* out) {
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
     // Q6_K and Q8_0 at one or two rows prefetch each block's share at once, after its dot products.
-    // From memory on a Zen 5 core, one row: Q6_K 26-27 -> 33-34 GB/s and Q8_0 26 -> 29-30 at one
-    // thread, against a plain read's 34; at four rows and more the spaced slots were faster (Q6_K at
-    // 4 rows 23.5 -> 20.5, at 8 rows 28 -> 22), and Q4_K and Q4_0 gained nothing at one row.
+    // From memory on a Zen 5 core, one row and thread: Q6_K 26.8-27.7 -> 28.0-29.2 GB/s, Q8_0
+    // 25.7-27.0 -> 29.5-30.4, against a plain read's 34 (a 3B Q4_K_M decode step 32 -> 30.8 ms, a 1B
+    // Q8_0 one 23.5 -> 20.8). At four rows and more the spread slots were faster (Q6_K at 4 rows 23.5
+    // -> 20.5, at 8 rows 28 -> 22), and Q4_K and Q4_0 gained nothing at one row.
     constexpr bool kBurst = (F == QFormat::kQ6_K || F == QFormat::kQ8_0) && C <= 2;
     const __m512i z = _mm512_setzero_si512();
     __m512 f[C];
