@@ -49,6 +49,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_vnni", &kc::set_use_vnni, pybind11::arg("enabled"),
         "Lets the int8 dot products use VNNI where the CPU has it (the default: AVX512-VNNI in the AVX-512 "
         "variant, AVX-VNNI in the AVX2 one), or not: tests run the vpmaddubsw and vpmaddwd forms on such a CPU.");
+  m.def("set_burst_prefetch", &kc::set_burst_prefetch, pybind11::arg("enabled"),
+        "How the AVX-512 decode GEMV prefetches at one activation row: each block's share in one burst into L1 "
+        "(True; the default on AMD CPUs) or spread into L2 (False; the default elsewhere). The outputs are the "
+        "same bits either way.");
+  m.def("burst_prefetch", &kc::use_burst_prefetch, "Whether the one-row decode GEMV bursts its prefetches (set_burst_prefetch).");
   m.def("get_isa", [] { return std::string(kc::isa_name(kc::active_isa())); }, "The active kernel variant.");
   m.def("set_isa", [](const std::string& name) {
     try {

@@ -183,6 +183,23 @@ void set_use_vnni(bool enabled) { g_vnni_enabled.store(enabled, std::memory_orde
 bool use_amx_bf16() { return cpu_has_amx_bf16() && g_amx_enabled.load(std::memory_order_relaxed); }
 void set_use_amx(bool enabled) { g_amx_enabled.store(enabled, std::memory_order_relaxed); }
 
+namespace {
+std::atomic<bool>& burst_prefetch() {
+  static std::atomic<bool> enabled{[] {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") != 0;
+#else
+    return false;
+#endif
+  }()};
+  return enabled;
+}
+}  // namespace
+
+bool use_burst_prefetch() { return burst_prefetch().load(std::memory_order_relaxed); }
+void set_burst_prefetch(bool enabled) { burst_prefetch().store(enabled, std::memory_order_relaxed); }
+
 Isa active_isa() { return active().load(std::memory_order_relaxed); }
 
 bool qmatmul_bf16_native() {

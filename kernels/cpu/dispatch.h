@@ -36,6 +36,15 @@ bool cpu_has_amx_bf16();
 // int8 rows' tiles with vpdpbusd).
 bool use_amx_bf16();
 void set_use_amx(bool enabled);
+// How the AVX-512 decode GEMV prefetches the panel ahead at one activation row: each block's share
+// in one burst into L1 (prefetcht0), or spread between the block's dot products into L2 (prefetcht1,
+// as at more rows and in the AVX2 variant). Bursts by default on AMD CPUs: on a Zen 5 core the one-row
+// GEMV reads memory faster that way (600 MB of 8192 x 3072 matrices per format, 2 threads, share of
+// torch's read: Q4_K 73-86% -> 92-97%, Q6_K 79-86% -> 84-97%, Q4_0 86-93% -> 98-103%, Q8_0 74-88% ->
+// 100-103%), where a Sapphire Rapids core read slower with both bursts and prefetcht0 (BlockPrefetch).
+// Either way the outputs are the same bits; tests and A/B runs set it.
+bool use_burst_prefetch();
+void set_burst_prefetch(bool enabled);
 Isa isa_from_name(const std::string& name);
 
 }  // namespace mindie::kernels::cpu

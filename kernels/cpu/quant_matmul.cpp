@@ -380,6 +380,9 @@ void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<Ac
   const PanelSplit split(calls, num_calls);
   int64_t bytes = 0;
   for (int j = 0; j < split.num_targets; ++j) bytes += packed_rows(split.targets[j]->w.rows) * split.targets[j]->w.row_bytes;
+#if defined(MINDIE_ISA_AVX512)
+  const bool burst = C == 1 && use_burst_prefetch();  // the prefetch schedule (Int8Panel::stream)
+#endif
   const auto walk_panels = [&](auto next_range) {
     PanelWalk walk(next_range);
     for (int n = 0; n < kStreamAhead && walk.ahead(n) >= 0; ++n) split.prefetch(walk.ahead(n), walk.ahead(n) + 1);
@@ -398,7 +401,12 @@ void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<Ac
       const uint8_t* panel = w.data + p.row0 * w.row_bytes;
       float out[C * kPanelRows];
       with_format(w.format, [&](auto format) {
-        D::template stream<decltype(format)::value, C>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
+        constexpr QFormat F = decltype(format)::value;
+#if defined(MINDIE_ISA_AVX512)
+        if constexpr (C == 1)
+          if (burst) return D::template stream<F, 1, true>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
+#endif
+        D::template stream<F, C>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
       });
       store_tile(&p, 1, out, calls[p.call], 0, C);
     }

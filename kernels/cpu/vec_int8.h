@@ -81,8 +81,9 @@ struct StreamRows {
 // (slot()) rather than as a burst of back-to-back prefetch instructions. On a Sapphire Rapids core
 // the burst held a Q4_0 panel walk at 12.5 GB/s where a plain read makes 16; spaced two dot-product
 // steps apart, the same prefetches run at the plain read's rate (the AVX2 kernel there: 10.0 to 14.0
-// GB/s; prefetcht0 gave 12). The methods are always inlined: GCC 12 otherwise finds them free of
-// side effects (it sees none in a prefetch) and drops the calls.
+// GB/s; prefetcht0 gave 12). A Zen 5 core at one activation row wants the opposite (burst(), where
+// use_burst_prefetch() says so). The methods are always inlined: GCC 12 otherwise finds them free
+// of side effects (it sees none in a prefetch) and drops the calls.
 struct BlockPrefetch {
   // Where nothing is left to prefetch, slot() touches this line instead (an L1 hit).
   alignas(64) static inline const uint8_t kIdleLine[64] = {};
@@ -103,10 +104,10 @@ struct BlockPrefetch {
   [[gnu::always_inline]] void rest() const {
     for (int64_t l = 8; l < lines; ++l) __builtin_prefetch(at + 64 * l, 0, 2);
   }
-  // All of the block's lines at once, in place of slot() and rest(): what Q6_K and Q8_0 at one or two
-  // rows read memory faster with on a Zen 5 core (Int8Panel::stream).
-  [[gnu::always_inline]] void all() const {
-    for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(at + 64 * l, 0, 2);
+  // All of the block's lines at once into L1 (prefetcht0), in place of slot() and rest(): the AVX-512
+  // stream at one row where use_burst_prefetch() (Int8Panel::stream).
+  [[gnu::always_inline]] void burst() const {
+    for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(at + 64 * l, 0, 3);
   }
 };
 
@@ -207,17 +208,13 @@ struct Int8Panel {
   static constexpr int kStreamCols = 8;
 
   // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
-  // pf_step bytes per block.
-  template <QFormat F, int C>
+  // pf_step bytes per block: spread into L2 (BlockPrefetch::slot), or with Burst (one row) each
+  // block's share at once into L1, after its dot products (BlockPrefetch::burst).
+  template <QFormat F, int C, bool Burst = false>
   static void stream(const uint8_t* panel, int64_t blocks, const StreamRows& x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
+    static_assert(!Burst || C == 1, "the burst is measured at one row only");
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
-    // Q6_K and Q8_0 at one or two rows prefetch each block's share at once, after its dot products.
-    // From memory on a Zen 5 core, one row and thread: Q6_K 26.8-27.7 -> 28.0-29.2 GB/s, Q8_0
-    // 25.7-27.0 -> 29.5-30.4, against a plain read's 34 (a 3B Q4_K_M decode step 32 -> 30.8 ms, a 1B
-    // Q8_0 one 23.5 -> 20.8). At four rows and more the spread slots were faster (Q6_K at 4 rows 23.5
-    // -> 20.5, at 8 rows 28 -> 22), and Q4_K and Q4_0 gained nothing at one row.
-    constexpr bool kBurst = (F == QFormat::kQ6_K || F == QFormat::kQ8_0) && C <= 2;
     const __m512i z = _mm512_setzero_si512();
     __m512 f[C];
     for (int c = 0; c < C; ++c) f[c] = _mm512_setzero_ps();
@@ -249,7 +246,7 @@ struct Int8Panel {
           for (int plane = 0; plane < 2; ++plane) {
             const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
             for (int v = 0; v < 8; ++v) {
-              if (!kBurst && c == 0) ahead.slot(8 * plane + v);
+              if (!Burst && c == 0) ahead.slot(8 * plane + v);
               const int chain = S == 2 ? v % 2 : v / 4;
               const __m512i sv = broadcast4(a + 4 * v);
               if constexpr (F == QFormat::kQ8_0) acc[plane][chain] = dot(acc[plane][chain], wq[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
@@ -280,7 +277,7 @@ struct Int8Panel {
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) row(c);
         }
-        if constexpr (kBurst) ahead.all();
+        if constexpr (Burst) ahead.burst();
         else ahead.rest();
       }, std::make_integer_sequence<int, kUnitBlocks>{});
     }

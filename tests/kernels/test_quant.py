@@ -368,6 +368,36 @@ def test_vnni_gives_the_same_bits_as_the_products_without_it(variant, fmt):
         _C.set_vnni(True)
 
 
+@pytest.mark.skipif("avx512" not in _ISAS, reason="needs the AVX-512 variant")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_burst_prefetch_gives_the_same_bits_as_the_spread_one(fmt):
+    """The AVX-512 decode GEMV at one row prefetches the panel ahead in a burst per block or spread
+    over its dot products (set_burst_prefetch): only when the bytes arrive differs. A matrix the
+    threads claim panels of (1 MiB and more) and a small one get the same bits either way, and match
+    the reference."""
+    previous, burst, threads = _C.get_isa(), _C.burst_prefetch(), _C.get_num_threads()
+    k = cols_for(fmt)[-1]
+    try:
+        _C.set_isa("avx512")
+        for rows in (16 * 5 + 3, 16 * 400 + 9):
+            data, qtype = random_blocks(fmt, rows, k, rows)
+            weight, layout = in_layout(data, qtype, True)
+            q, d = ops.quantize_activations(torch.randn(1, k, generator=torch.Generator().manual_seed(rows)))
+            want = ref.qmatmul(q, d, data, qtype, None)
+            for t in sorted({1, 2, threads}):
+                _C.set_num_threads(t)
+                got = {}
+                for on in (False, True):
+                    _C.set_burst_prefetch(on)
+                    got[on] = ops.qmatmul(q, d, weight, qtype, **layout)
+                assert torch.equal(got[True], got[False]), (rows, t)
+                torch.testing.assert_close(got[True], want, atol=FORMS["int8"].atol * want.abs().max().item(), rtol=1e-5)
+    finally:
+        _C.set_isa(previous)
+        _C.set_burst_prefetch(burst)
+        _C.set_num_threads(threads)
+
+
 # Where the quantized values of a block lie (after the scales), per format: set to 0xFF they make every
 # q the format's largest, 15 or 31.
 _QUANT_BYTES = {"Q4_0": (2, 18), "Q4_1": (4, 20), "Q5_0": (2, 22), "Q5_1": (4, 24), "Q4_K": (16, 144),
