@@ -391,7 +391,8 @@ def test_burst_prefetch_gives_the_same_bits_as_the_spread_one(fmt):
                     _C.set_burst_prefetch(on)
                     got[on] = ops.qmatmul(q, d, weight, qtype, **layout)
                 assert torch.equal(got[True], got[False]), (rows, t)
-                torch.testing.assert_close(got[True], want, atol=FORMS["int8"].atol * want.abs().max().item(), rtol=1e-5)
+                atol = FORMS["int8"].atol * want.abs().max().item()
+                torch.testing.assert_close(got[True], want, atol=atol, rtol=1e-5)
     finally:
         _C.set_isa(previous)
         _C.set_burst_prefetch(burst)
