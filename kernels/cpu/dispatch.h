@@ -38,11 +38,12 @@ bool use_amx_bf16();
 void set_use_amx(bool enabled);
 // How the AVX-512 decode GEMV prefetches the panel ahead at one activation row: each block's share
 // in one burst into L1 (prefetcht0), or spread between the block's dot products into L2 (prefetcht1,
-// as at more rows and in the AVX2 variant). Bursts by default on AMD CPUs: on a Zen 5 core the one-row
+// as at more rows and in the AVX2 variant). Bursts by default on AMD CPUs: on a Zen 5 guest the one-row
 // GEMV reads memory faster that way (600 MB of 8192 x 3072 matrices per format, 2 threads, share of
-// torch's read: Q4_K 73-86% -> 92-97%, Q6_K 79-86% -> 84-97%, Q4_0 86-93% -> 98-103%, Q8_0 74-88% ->
-// 100-103%), where a Sapphire Rapids core read slower with both bursts and prefetcht0 (BlockPrefetch).
-// Either way the outputs are the same bits; tests and A/B runs set it.
+// torch's 43-48 GB/s read, spread -> burst: Q4_K 81-85% -> 84-95%, Q6_K 73-80% -> 75-91%, Q4_0 79-96%
+// -> 89-104%, Q8_0 86-93% -> 93-101%; a 3B Q4_K_M decode step 1.07x, a 1B Q8_0 one 1.14x), where a
+// Sapphire Rapids core read slower with both bursts and prefetcht0 (BlockPrefetch). Either way the
+// outputs are the same bits; tests and A/B runs set it.
 bool use_burst_prefetch();
 void set_burst_prefetch(bool enabled);
 Isa isa_from_name(const std::string& name);
