@@ -191,6 +191,8 @@ def describe(loaded: LoadedModel) -> str:
     if hasattr(m, "vision"):
         weights += "; vision tower in torch, float32"
     features = [k for k, v in _C.cpu_features().items() if v]
+    if _C.get_isa() == "avx512":
+        features.append("one-row prefetch " + ("burst" if _C.burst_prefetch() else "spread"))
     return (f"kernels {_C.get_isa()} ({', '.join(features) or 'no avx512 extensions'}), "
             f"{_C.get_num_threads()} kernel threads, {torch.get_num_threads()} torch threads; "
             f"dtype {str(m.dtype).removeprefix('torch.')}; {weights}")
