@@ -16,7 +16,8 @@ outside the repository. Per file and round, interleaved so that a noisy stretch 
   and with --depth N, the same decode after an N-token prompt   llama-bench -p 0 -n 128 -d N
 then the medians with our/their ratio and each side's share of its limit: decode as the weight bytes
 one token reads (every tensor but the embedding table, of which a row; at depth N also the keys and
-values of its mean context, 16-bit in both caches) x tok/s over the bandwidth;
+values of its mean context, 16-bit in both caches) x tok/s over the bandwidth measured just before and
+just after that side's run (their mean: the host's read rate can change within a round);
 prefill as the matmul FLOPs per prompt token (2 x the layers' weights, plus attention at the mean
 context; the lm_head runs for the last token alone) x tok/s over the peak.
 """
@@ -29,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -137,30 +139,46 @@ def run_file(args: argparse.Namespace, path: Path) -> list[str]:
         measured = {"bandwidth": memory_read_bandwidth(), "peak": 2 * _C.dot_peak(instr, args.threads)}
         measured["llama prefill"] = llama_bench_any(bench_args, PREFILL, 0, args.repetitions)
         measured["ours prefill"] = our_prefill(llm, random_ids(PREFILL, 100 + r, vocab), args.repetitions)
-        measured["llama decode"] = llama_bench_any(bench_args, 0, DECODE, args.repetitions)
-        measured["ours decode"] = our_decode(llm, random_ids(16, 200 + r, vocab), f"decode-{r}")
+        # The host's read rate can change within a round, so each decode figure gets the bandwidth
+        # measured just before and just after it (their mean): a share then compares a side with the
+        # memory it met, not with the one the round began with.
+        decodes = {"llama decode": partial(llama_bench_any, bench_args, 0, DECODE, args.repetitions),
+                   "ours decode": partial(our_decode, llm, random_ids(16, 200 + r, vocab), f"decode-{r}")}
         if args.depth:
-            measured["llama deep"] = llama_bench_any(bench_args, 0, DECODE, args.repetitions, ("-d", str(args.depth)))
-            measured["ours deep"] = our_decode(llm, random_ids(args.depth, 300 + r, vocab), f"deep-{r}")
+            decodes["llama deep"] = partial(llama_bench_any, bench_args, 0, DECODE, args.repetitions,
+                                            ("-d", str(args.depth)))
+            decodes["ours deep"] = partial(our_decode, llm, random_ids(args.depth, 300 + r, vocab), f"deep-{r}")
+        before = measured["bandwidth"]
+        for key, run in decodes.items():
+            measured[key] = run()
+            after = memory_read_bandwidth()
+            measured[f"bandwidth {key}"] = (before + after) / 2
+            before = after
         for key, value in measured.items():
             results.setdefault(key, []).append(value)
         print(f"round {r + 1}/{args.rounds}: bandwidth {measured['bandwidth'] / 1e9:.1f} GB/s, {instr} peak "
               f"{measured['peak'] / 1e9:.0f} GFLOP/s; " + ", ".join(
-                  f"{k} {v:.1f}" for k, v in measured.items() if k not in ("bandwidth", "peak")), flush=True)
+                  f"{k} {v / 1e9:.1f} GB/s" if k.startswith("bandwidth ") else f"{k} {v:.1f}"
+                  for k, v in measured.items() if k not in ("bandwidth", "peak")), flush=True)
     del llm
     med = {k: statistics.median(v) for k, v in results.items()}
     rows = []
-    figures = [("prefill", f"prefill {PREFILL}", flops, med["peak"], f"{instr} peak"),
-               ("decode", f"decode b1 {DECODE}", read, med["bandwidth"], "read bandwidth")]
+    # Per figure: work per token and each side's limit (the peak, or the bandwidth around its decode).
+    figures = [("prefill", f"prefill {PREFILL}", flops, med["peak"], med["peak"], f"{instr} peak")]
+    figures.append(("decode", f"decode b1 {DECODE}", read, med["bandwidth llama decode"],
+                    med["bandwidth ours decode"], "read bandwidth around each side's run"))
     if args.depth:
         deep_read = read + kv_bytes * (args.depth + DECODE / 2)
-        figures.append(("deep", f"decode @{args.depth}", deep_read, med["bandwidth"], "read bandwidth"))
-    for fig, name, per_token, limit, unit in figures:
+        figures.append(("deep", f"decode @{args.depth}", deep_read, med["bandwidth llama deep"],
+                        med["bandwidth ours deep"], "read bandwidth around each side's run"))
+    for fig, name, per_token, their_limit, our_limit, unit in figures:
         ours, theirs = med[f"ours {fig}"], med[f"llama {fig}"]
+        limits = (f"{our_limit / 1e9:.0f}" if fig == "prefill"
+                  else f"{their_limit / 1e9:.0f} / {our_limit / 1e9:.0f}")
         rows.append(f"{path.name:<28} {name:<16} "
                     f"{theirs:9.1f} {ours:9.1f} {ours / theirs:7.2f}x "
-                    f"{100 * theirs * per_token / limit:6.0f}% {100 * ours * per_token / limit:6.0f}%   "
-                    f"{limit / 1e9:.0f} {'GFLOP/s' if fig == 'prefill' else 'GB/s'} {unit}")
+                    f"{100 * theirs * per_token / their_limit:6.0f}% {100 * ours * per_token / our_limit:6.0f}%   "
+                    f"{limits} {'GFLOP/s' if fig == 'prefill' else 'GB/s'} {unit}")
     return rows
 
 
