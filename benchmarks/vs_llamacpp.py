@@ -2,6 +2,7 @@
 
     python benchmarks/vs_llamacpp.py [--llama-bin DIR] [--model GGUF] [--threads N] [--rounds N] [--skip-http]
                                      [--streams 32] [--dtype auto|bfloat16|float32] [--quantization Q]
+                                     [--activation-bits 16|8]
 
 Each round measures llama.cpp then ours, figure by figure, so a noisy stretch of the machine hits both:
   prefill of a 512-token prompt   llama-bench -p 512 -n 0   against LLM.generate(max_tokens=1)
@@ -10,8 +11,9 @@ Each round measures llama.cpp then ours, figure by figure, so a noisy stretch of
                                   128 prompt / 128 output tokens each (ignore_eos), for each N of
                                   --streams (e.g. 8,32): output tok/s, and the median time to first token
 and prints the medians over the rounds with our/their ratio. DIR holds llama-bench and llama-server (built by
-../shared/tools/build-llamacpp.sh); without them only our side runs, and the output says why. --dtype and
---quantization go to LLM(...) and `mindie serve` only when given: by default both run the engine's defaults.
+../shared/tools/build-llamacpp.sh); without them only our side runs, and the output says why. --dtype,
+--quantization and --activation-bits go to LLM(...) and `mindie serve` only when given: by default both run
+the engine's defaults (--activation-bits 8: one int8 activation plane, llama.cpp's own precision).
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ def random_ids(n: int, seed: int, vocab: int) -> list[int]:
     return torch.randint(100, vocab, (n,), generator=gen).tolist()
 
 
-def engine_options(args: argparse.Namespace) -> dict[str, str]:
-    return {k: v for k, v in (("dtype", args.dtype), ("quantization", args.quantization)) if v is not None}
+def engine_options(args: argparse.Namespace) -> dict[str, str | int]:
+    """LLM(...)'s keyword arguments given on the command line (`mindie serve` takes them as --flags)."""
+    options = (("dtype", args.dtype), ("quantization", args.quantization), ("activation_bits", args.activation_bits))
+    return {k: v for k, v in options if v is not None}
 
 
 # --- llama.cpp ---------------------------------------------------------------------------------------------------
@@ -148,7 +152,7 @@ def start_servers(args: argparse.Namespace, workdir: Path) -> dict[str, tuple[su
     argv = [sys.executable, "-m", "mindie", "serve", args.model, "--config", str(config), "--host", "127.0.0.1",
             "--port", str(port), "--management-host", "127.0.0.1", "--management-port", str(mport),
             "--metrics-port", str(free_port()), "--model-name", "bench"]
-    argv += [a for k, v in engine_options(args).items() for a in (f"--{k}", v)]
+    argv += [a for k, v in engine_options(args).items() for a in (f"--{k.replace('_', '-')}", str(v))]
     launch["ours"] = (argv, {"MINDIE_NUM_THREADS": threads, "OMP_NUM_THREADS": threads},
                       f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}/health")
     servers = {}
@@ -236,6 +240,8 @@ def main() -> None:
     ap.add_argument("--streams", default="32", help="comma-separated counts of concurrent HTTP streams")
     ap.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], help="our activations (default: engine's)")
     ap.add_argument("--quantization", help="our weight quantization, passed through (default: engine's)")
+    ap.add_argument("--activation-bits", type=int, choices=[16, 8],
+                    help="our int8 activations: 16 (two planes, the default) or 8 (one, as llama.cpp)")
     args = ap.parse_args()
     args.streams = [int(n) for n in args.streams.split(",")]
     why = missing_llama(args)

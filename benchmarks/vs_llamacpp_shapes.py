@@ -2,7 +2,7 @@
 
     python benchmarks/vs_llamacpp_shapes.py --llama-bin DIR [--shapes llama-3.2-1b,smollm2-1.7b]
                                             [--formats Q4_K_M,Q4_0] [--rounds 3] [--repetitions 3] [--threads N]
-                                            [--cache DIR] [--no-vnni] [--depth N]
+                                            [--cache DIR] [--no-vnni] [--depth N] [--activation-bits 16|8]
 
 Each shape is a GGUF with random weights, F16: a Llama-architecture one (../shared/tools/make-synthetic-gguf.py),
 or a Qwen3, Qwen3-MoE or Gemma 3 one (benchmarks/make_family_gguf.py: qwen3-1.7b, qwen3-4b, gemma-3-1b, and
@@ -40,7 +40,7 @@ from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench_any, our_decod
 
 from mindie import _C, LLM, SamplingParams
 from mindie.model.gguf_header import read_header
-from mindie.model.llama_quant import prompt_rows_in_bf16
+from mindie.model.llama_quant import ACTIVATION_PLANES, prompt_rows_in_bf16
 from mindie.model.loader import default_model_path
 
 # make-synthetic-gguf.py's arguments per public model.
@@ -112,24 +112,26 @@ def _qtype_name(qtype: int) -> str:
     return gguf.GGMLQuantizationType(qtype).name
 
 
-def prefill_instruction(vnni: bool = True) -> str:
+def prefill_instruction(vnni: bool = True, activation_bits: int = 16) -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults; vnni=False as
     after _C.set_vnni(False))."""
-    if prompt_rows_in_bf16():
+    planes = ACTIVATION_PLANES[activation_bits]
+    if prompt_rows_in_bf16(planes):
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
     feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
     if vnni and feature is not None and _C.cpu_features()[feature]:
-        return "vpdpwssd"  # the prompt tiles' int16 products (vec_int8.h)
+        # one plane: the AVX-512 byte tile's one byte product a weight; two: the prompt tiles' int16 ones
+        return "vpdpbusd" if planes == 1 and _C.get_isa() == "avx512" else "vpdpwssd"
     return "vpmaddwd"
 
 
 def run_file(args: argparse.Namespace, path: Path) -> list[str]:
     """Table rows for one GGUF: its rounds, interleaved, then medians."""
     read, flops, formats, kv_bytes = per_token_work(path)
-    instr = prefill_instruction(not args.no_vnni)
+    instr = prefill_instruction(not args.no_vnni, args.activation_bits)
     print(f"\n== {path.name}: {path.stat().st_size / 1e9:.2f} GB ({formats}); a decode token reads "
           f"{read / 1e9:.3f} GB, a prompt token costs {flops / 1e9:.2f} GFLOP", flush=True)
-    llm = LLM(str(path), enablePrefixCache=False)
+    llm = LLM(str(path), activation_bits=args.activation_bits, enablePrefixCache=False)
     vocab = llm.engine.loaded.config.vocab_size
     llm.generate({"prompt_token_ids": random_ids(64, 0, vocab)}, SamplingParams(max_tokens=4, ignore_eos=True),
                  use_tqdm=False)  # warm-up
@@ -197,6 +199,8 @@ def main() -> None:
                     help="also batch-1 decode after a prompt of this many tokens (the attention at long contexts)")
     ap.add_argument("--no-vnni", action="store_true",
                     help="our int8 products without VNNI, as on a CPU that lacks it (MINDIE_ISA picks the variant)")
+    ap.add_argument("--activation-bits", type=int, choices=[16, 8], default=16,
+                    help="our int8 activations: 16 (two planes, the default) or 8 (one, as llama.cpp)")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
     if unknown := [s for s in shapes if s not in KNOWN]:
@@ -209,12 +213,13 @@ def main() -> None:
     _C.set_vnni(not args.no_vnni)
     print(f"CPU: {cpu_summary()}")
     print(f"threads: {args.threads} (llama.cpp -t, our kernel pool {_C.get_num_threads()}); our kernel variant "
-          f"{_C.get_isa()}, prefill rows on {prefill_instruction(not args.no_vnni)}")
+          f"{_C.get_isa()}, prefill rows on {prefill_instruction(not args.no_vnni, args.activation_bits)}; "
+          f"activation bits {args.activation_bits}")
     files = [model_file(args, s, f) for s in shapes for f in args.formats.split(",")]
     rows = [row for path in files for row in run_file(args, path)]
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
-    if not prompt_rows_in_bf16():
+    if prefill_instruction(not args.no_vnni, args.activation_bits) in ("vpdpwssd", "vpmaddwd"):
         byte_peaks = ", ".join(f"{i} {2 * _C.dot_peak(i, args.threads) / 1e9:.0f}" for i in ("vpmaddubsw", "vpdpbusd")
                                if _C.dot_peak(i, 1, 0.01) > 0)
         print(f"(our int8 prompt rows' two planes meet each weight as one int16, 128 * hi + lo: one "

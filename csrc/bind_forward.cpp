@@ -31,6 +31,9 @@ class LlamaForwardHandle {
     s.block_size = shape["block_size"].cast<int>();
     s.kv_dtype = shape["kv_dtype"].cast<std::string>() == "bfloat16" ? DType::kBFloat16 : DType::kFloat32;
     s.bf16_prompts = shape["bf16_prompts"].cast<bool>();
+    s.activation_planes = shape.attr("get")("activation_planes", 2).cast<int>();
+    if (s.activation_planes != 1 && s.activation_planes != 2)
+      fail("activation_planes must be 1 or 2, got " + std::to_string(s.activation_planes));
     s.expert_intermediate = shape.attr("get")("expert_intermediate", 0).cast<int64_t>();
     s.experts_per_tok = shape.attr("get")("experts_per_tok", 0).cast<int>();
     s.norm_topk_prob = shape.attr("get")("norm_topk_prob", true).cast<bool>();

@@ -67,7 +67,7 @@ void pack_panels(py::handle out_obj, py::handle data_obj, int ggml_type) {
   kc::pack_panels(w, out.ptr<uint8_t>());
 }
 
-void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) {
+void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj, int planes) {
   Tensor q(q_obj, "q"), d(d_obj, "d"), x(x_obj, "x");
   x.expect(ElemType::kFloat32).expect_ndim(2).expect_inner_contiguous(1);
   const int64_t m = x.size(0), k = x.size(1);
@@ -76,7 +76,8 @@ void quantize_activations(py::handle q_obj, py::handle d_obj, py::handle x_obj) 
       .expect_size(2, k, "columns of x");
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of x")
       .expect_size(1, k / 32, "blocks of x");
-  kc::QuantizeActivationsArgs args{x.ptr<float>(), m, k, x.stride(0), q.ptr<int8_t>(), d.ptr<float>()};
+  if (planes != 1 && planes != 2) fail("planes must be 1 or 2, got " + std::to_string(planes));
+  kc::QuantizeActivationsArgs args{x.ptr<float>(), m, k, x.stride(0), q.ptr<int8_t>(), d.ptr<float>(), planes};
   py::gil_scoped_release nogil;
   kc::quantize_activations(args);
 }
@@ -104,35 +105,48 @@ kc::QMatmulArgs one_target(py::handle out_obj, py::handle data_obj, int ggml_typ
   return args;
 }
 
-// Int8 activations xq [m, 2, k], xd [m, k / 32] into args (m and k too).
-void int8_activations(py::handle q_obj, py::handle d_obj, kc::QMatmulArgs& args) {
+// Int8 activations xq [m, 2, k], xd [m, k / 32] into args (m, k and planes too). planes = 1 skips the
+// lo plane, so it must be zeros (quantize_activations with planes=1): checked, since a lo plane
+// skipped that is not would give other sums without a word.
+void int8_activations(py::handle q_obj, py::handle d_obj, int planes, kc::QMatmulArgs& args) {
   Tensor q(q_obj, "xq"), d(d_obj, "xd");
   q.expect(ElemType::kInt8).expect_ndim(3).expect_contiguous().expect_size(1, 2, "planes");
   const int64_t m = q.size(0), k = q.size(2);
   d.expect(ElemType::kFloat32).expect_ndim(2).expect_contiguous().expect_size(0, m, "rows of xq")
       .expect_size(1, k / 32, "blocks of xq");
+  if (planes != 1 && planes != 2) fail("planes must be 1 or 2, got " + std::to_string(planes));
+  if (planes == 1)
+    for (int64_t r = 0; r < m; ++r) {
+      const int8_t* lo = q.ptr<int8_t>() + (2 * r + 1) * k;
+      if (std::any_of(lo, lo + k, [](int8_t v) { return v != 0; }))
+        fail("xq: planes=1 takes activations quantized with planes=1, but row " + std::to_string(r) +
+             "'s lo plane is not zeros");
+    }
   args.xq = q.ptr<int8_t>();
   args.xd = d.ptr<float>();
   args.m = m;
   args.k = k;
+  args.planes = planes;
 }
 
 void qmatmul(py::handle out_obj, py::handle q_obj, py::handle d_obj, py::handle data_obj, int ggml_type,
-             py::handle bias_obj, bool packed) {
+             py::handle bias_obj, bool packed, int planes) {
   kc::QMatmulArgs x{};
-  int8_activations(q_obj, d_obj, x);
+  int8_activations(q_obj, d_obj, planes, x);
   kc::QMatmulArgs args = one_target(out_obj, data_obj, ggml_type, bias_obj, packed, x.m, x.k, "xq");
   args.xq = x.xq;
   args.xd = x.xd;
+  args.planes = x.planes;
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
 }
 
 // Up to kMaxQMatmulTargets matrices that share one input, in one call (their rows split over the
 // threads as one range), as the forward step projects q/k/v and gate/up.
-kc::QMatmulArgs group_args(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
+kc::QMatmulArgs group_args(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights,
+                           int planes) {
   kc::QMatmulArgs args{};
-  int8_activations(q_obj, d_obj, args);
+  int8_activations(q_obj, d_obj, planes, args);
   const auto n = static_cast<int64_t>(weights.size());
   if (n < 1 || n > kc::kMaxQMatmulTargets)
     fail("weights: 1 to " + std::to_string(kc::kMaxQMatmulTargets) + " matrices, got " + std::to_string(n));
@@ -149,21 +163,21 @@ kc::QMatmulArgs group_args(const py::list& outs, py::handle q_obj, py::handle d_
   return args;
 }
 
-void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights) {
-  const kc::QMatmulArgs args = group_args(outs, q_obj, d_obj, weights);
+void qmatmul_group(const py::list& outs, py::handle q_obj, py::handle d_obj, const py::list& weights, int planes) {
+  const kc::QMatmulArgs args = group_args(outs, q_obj, d_obj, weights, planes);
   py::gil_scoped_release nogil;
   kc::qmatmul(args);
 }
 
 // Independent qmatmul_group calls, each (outs, xq, xd, weights), in one (the routed experts of a step).
-void qmatmul_batch(const py::list& calls) {
+void qmatmul_batch(const py::list& calls, int planes) {
   const auto n = static_cast<int64_t>(calls.size());
   if (n > kc::kMaxQMatmulBatch) fail("calls: at most " + std::to_string(kc::kMaxQMatmulBatch) + ", got " + std::to_string(n));
   std::vector<kc::QMatmulArgs> args;
   for (const py::handle call : calls) {
     const auto t = py::reinterpret_borrow<py::tuple>(call);
     if (t.size() != 4) fail("calls: each a tuple (outs, xq, xd, weights)");
-    args.push_back(group_args(t[0].cast<py::list>(), t[1], t[2], t[3].cast<py::list>()));
+    args.push_back(group_args(t[0].cast<py::list>(), t[1], t[2], t[3].cast<py::list>(), planes));
   }
   py::gil_scoped_release nogil;
   kc::qmatmul_batch({args.data(), static_cast<int>(n)});
@@ -231,16 +245,19 @@ void bind_quant(py::module_& m) {
   m.def("pack_panels", &pack_panels, py::arg("out"), py::arg("data"), py::arg("ggml_type"),
         "out [rows rounded up to 16, row_bytes] uint8 = the Q4_0, Q4_1 or Q8_0 blocks data [rows, row_bytes] "
         "packed in panels of 16 rows, the layout the decode kernels read without shuffles.");
-  m.def("quantize_activations", &quantize_activations, py::arg("q"), py::arg("d"), py::arg("x"),
-        "Per row, blocks of 32: x [m, k] float32 ~= d [m, k/32] * (128 * q[:, 0] + q[:, 1]), q [m, 2, k] int8.");
+  m.def("quantize_activations", &quantize_activations, py::arg("q"), py::arg("d"), py::arg("x"), py::arg("planes") = 2,
+        "Per row, blocks of 32: x [m, k] float32 ~= d [m, k/32] * (128 * q[:, 0] + q[:, 1]), q [m, 2, k] int8; "
+        "planes=1: q[:, 1] all zeros (q[:, 0] rounds x to 127 steps of the block's largest magnitude).");
   m.def("qmatmul", &qmatmul, py::arg("out"), py::arg("xq"), py::arg("xd"), py::arg("weight"), py::arg("ggml_type"),
-        py::arg("bias") = py::none(), py::arg("packed") = false,
+        py::arg("bias") = py::none(), py::arg("packed") = false, py::arg("planes") = 2,
         "out [m, n] float32 = dequant(xq, xd) @ W^T (+ bias) with int8 dot products; W the GGUF blocks "
-        "[n, row_bytes] of ggml_type (packed: packed in panels, n rounded up to 16).");
+        "[n, row_bytes] of ggml_type (packed: packed in panels, n rounded up to 16); planes=1 for xq "
+        "quantized with planes=1 (its lo plane skipped: the same bits).");
   m.def("qmatmul_group", &qmatmul_group, py::arg("outs"), py::arg("xq"), py::arg("xd"), py::arg("weights"),
+        py::arg("planes") = 2,
         "outs[j] [m, n_j] float32 = dequant(xq, xd) @ W_j^T for 1 to 4 weights (ggml_type, data, cols, rows, "
         "packed) that share the input, in one call whose threads split all their rows as one range.");
-  m.def("qmatmul_batch", &qmatmul_batch, py::arg("calls"),
+  m.def("qmatmul_batch", &qmatmul_batch, py::arg("calls"), py::arg("planes") = 2,
         "Up to 16 independent qmatmul_group calls, each a tuple (outs, xq, xd, weights), in one: the same "
         "results; calls of few int8 rows, all as many, against packed matrices run as one walk over their panels.");
   m.def("qmatmul_bf16", &qmatmul_bf16, py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("ggml_type"),

@@ -37,13 +37,14 @@ class GenerationResult:
 
 class LLM:
     """Loads a model (a GGUF file, a Hugging Face directory, or the embedded SmolLM2 default when
-    `model` is None) and generates offline. `dtype` and `quantization` are load_model's (auto: the
-    CPU's fast path). `**config` takes MindIE engine keys
+    `model` is None) and generates offline. `dtype`, `quantization` and `activation_bits` are
+    load_model's (auto: the CPU's fast path). `**config` takes MindIE engine keys
     (`cacheBlockSize`, `maxPrefillTokens`, `maxSeqLen`, ...; see mindie.config)."""
 
     def __init__(self, model: str | None = None, dtype: str = "auto", quantization: str = "auto",
-                 **config: Any) -> None:
-        self.engine = LLMEngine(load_model(model, dtype, quantization), EngineConfig.from_mindie(config))
+                 activation_bits: int = 16, **config: Any) -> None:
+        loaded = load_model(model, dtype, quantization, activation_bits)
+        self.engine = LLMEngine(loaded, EngineConfig.from_mindie(config))
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

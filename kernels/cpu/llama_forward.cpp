@@ -112,9 +112,10 @@ void LlamaForward::qmatmul_rows(QMatmulArgs q, const float* x, int64_t k, const 
   } else {
     int8_t* xq = sized(xq_, 2 * q.m * k);
     float* xd = sized(xd_, q.m * k / 32);
-    quantize_activations({x, q.m, k, k, xq, xd});
+    quantize_activations({x, q.m, k, k, xq, xd, shape_.activation_planes});
     q.xq = xq;
     q.xd = xd;
+    q.planes = shape_.activation_planes;
   }
   qmatmul(q);
 }
@@ -239,7 +240,7 @@ void LlamaForward::routed_experts_batched(const LlamaLayerWeights& L, const floa
   const auto run_batches = [&](const float* in, int64_t k, auto&& each) {
     int8_t* q = sized(xq_, 2 * rows * k);
     float* d = sized(xd_, rows * k / 32);
-    quantize_activations({in, rows, k, k, q, d});
+    quantize_activations({in, rows, k, k, q, d, shape_.activation_planes});
     std::vector<QMatmulArgs> calls;
     std::vector<char> done(experts.size(), 0);
     for (size_t i = 0; i < experts.size(); ++i) {
@@ -254,6 +255,7 @@ void LlamaForward::routed_experts_batched(const LlamaLayerWeights& L, const floa
         a.k = k;
         a.xq = q + offset[j] * 2 * k;
         a.xd = d + offset[j] * k / 32;
+        a.planes = shape_.activation_planes;
         each(j, a);
         calls.push_back(a);
       }

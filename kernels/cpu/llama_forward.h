@@ -8,7 +8,8 @@
 // prompt token's row, where compute dominates, enters as bfloat16 when bf16_prompts is set and the
 // CPU has native bf16 dot products (qmatmul_bf16_native), else as int8 too; the lm_head takes every
 // row as int8. Which form a row takes depends only on that row (its position against its prompt's
-// length), never on the rest of the batch.
+// length), never on the rest of the batch. Int8 rows are quantized with activation_planes planes
+// (two, or one as llama.cpp: faster wherever products dominate, about 8 bits instead of 15).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +65,7 @@ struct LlamaShape {
   int block_size;
   DType kv_dtype;
   bool bf16_prompts;
+  int activation_planes = 2;  // the int8 rows' planes (QuantizeActivationsArgs::planes)
   // MoE layers: each row runs its experts_per_tok most probable experts, their weights renormalised
   // to sum to 1 when norm_topk_prob is set (moe.h)
   int64_t expert_intermediate = 0;

@@ -120,12 +120,15 @@ struct DequantizeArgs {
 };
 
 // Per row of x [m, k] (float32, k a multiple of 32): q [m, 2, k] int8 (hi then lo) and d [m, k / 32],
-// x ~= d * (128 * hi + lo) block by block (round to nearest even).
+// x ~= d * (128 * hi + lo) block by block (round to nearest even). With planes = 1, lo is all zeros:
+// x ~= d * 128 * hi, hi rounding x to 127 steps of the block's largest magnitude (llama.cpp's Q8_0
+// activations), about 8 bits where two planes keep about 15.
 struct QuantizeActivationsArgs {
   const float* x;
   int64_t m, k, x_stride;
   int8_t* q;
   float* d;
+  int planes = 2;
 };
 
 // Per row of x [m, k] (float32): out [m, k] bfloat16, rounded to nearest even (as torch rounds).
@@ -156,6 +159,9 @@ struct QMatmulArgs {
   const bf16_t* xb;  // or [m, k] bfloat16 (then xq and xd are unused)
   int64_t m, k;
   const int32_t* out_rows;  // optional: activation row c goes to output row out_rows[c] (else c)
+  // 1 where xq was quantized with planes = 1: its lo plane is zeros, and the kernels that take byte
+  // products per plane skip it (the same exact int32 sums, so the same bits, for half the products).
+  int planes = 2;
 };
 
 // Whether the active kernel variant computes bf16 activations with native bf16 dot products

@@ -183,7 +183,10 @@ void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, cons
   const int64_t groups = a.k / 16;
   float out[R * D::kTileCols * kPanelRows];
   for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
-    D::template tile<R, decltype(cols)::value, Signed, S>(w, x.data() + c0, groups, out);
+    constexpr int C = decltype(cols)::value;
+    if constexpr (D::kWide) D::template tile<R, C, Signed, S>(w, x.data() + c0, groups, out);  // one int16 product either way
+    else if (a.planes == 1) D::template tile<R, C, Signed, S, 1>(w, x.data() + c0, groups, out);
+    else D::template tile<R, C, Signed, S, 2>(w, x.data() + c0, groups, out);
     store_tile(p, R, out, a, c0, cols);
   });
 }
@@ -402,11 +405,16 @@ void stream_panels(const QMatmulArgs* calls, int num_calls, const std::vector<Ac
       float out[C * kPanelRows];
       with_format(w.format, [&](auto format) {
         constexpr QFormat F = decltype(format)::value;
+        const auto stream = [&](auto planes) {
+          constexpr int P = decltype(planes)::value;
 #if defined(MINDIE_ISA_AVX512)
-        if constexpr (C == 1)
-          if (burst) return D::template stream<F, 1, true>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
+          if constexpr (C == 1)
+            if (burst) return D::template stream<F, 1, P, true>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
 #endif
-        D::template stream<F, C>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
+          D::template stream<F, C, P>(panel, blocks, rows[p.call], pf, pf + pf_bytes, pf_step, out);
+        };
+        if (calls[p.call].planes == 1) stream(std::integral_constant<int, 1>{});
+        else stream(std::integral_constant<int, 2>{});
       });
       store_tile(&p, 1, out, calls[p.call], 0, C);
     }
@@ -610,7 +618,8 @@ template <class D>
 void run_int8_batch(const QMatmulBatchArgs& b) {
   bool together = b.num_calls > 1 && D::kStreamCols > 0;
   for (int c = 0; c < b.num_calls; ++c)
-    together = together && b.calls[c].xb == nullptr && b.calls[c].m == b.calls[0].m && streams<D>(b.calls[c]);
+    together = together && b.calls[c].xb == nullptr && b.calls[c].m == b.calls[0].m &&
+               b.calls[c].planes == b.calls[0].planes && streams<D>(b.calls[c]);
   if (!together) {
     for (int c = 0; c < b.num_calls; ++c) qmatmul(b.calls[c]);
     return;
@@ -738,12 +747,16 @@ void run_bf16(const QMatmulArgs& a) {
 }  // namespace
 
 void quantize_activations(const QuantizeActivationsArgs& a) {
+  if (a.planes != 1 && a.planes != 2) throw std::invalid_argument("quantize_activations: planes must be 1 or 2");
   const int64_t blocks = a.k / 32;
   parallel_for(a.m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t b = 0; b < blocks; ++b)
-        a.d[r * blocks + b] =
-            quantize_block32(a.x + r * a.x_stride + 32 * b, a.q + r * 2 * a.k + 32 * b, a.q + r * 2 * a.k + a.k + 32 * b);
+    for (int64_t r = begin; r < end; ++r) {
+      int8_t* hi = a.q + r * 2 * a.k;
+      int8_t* lo = hi + a.k;
+      for (int64_t b = 0; b < blocks; ++b) a.d[r * blocks + b] = quantize_block32(a.x + r * a.x_stride + 32 * b, hi + 32 * b, lo + 32 * b);
+      // hi is the same either way: one plane is two with what hi leaves dropped.
+      if (a.planes == 1) std::memset(lo, 0, a.k);
+    }
   });
 }
 
@@ -776,7 +789,9 @@ void qmatmul(const QMatmulArgs& a) {
   if (use_avx512_vnni()) {
     bool signed_q = false;
     for (int j = 0; j < a.num_targets; ++j) signed_q = signed_q || qformat_info(static_cast<int>(a.targets[j].w.format)).signed_q;
-    return signed_q ? run_int8<WidePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
+    // Signed q against two planes: one int16 product (WidePanel) where the byte tile takes two, and
+    // with the sign moves. Against one plane, the byte tile's single product wins.
+    return signed_q && a.planes == 2 ? run_int8<WidePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
   }
 #endif
 #if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)

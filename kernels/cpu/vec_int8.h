@@ -1,6 +1,7 @@
 // Int8 and bf16 dot products for the quantized matmul (quant_matmul.cpp), one struct per ISA
 // variant: the only other file with intrinsics besides vec.h. Int8 activations come as two planes,
-// x = d * (128 * hi + lo) (see quantize_block32); bf16 activations as they are (Bf16Panel).
+// x = d * (128 * hi + lo) (see quantize_block32), or as one, the lo plane zeros (QMatmulArgs::planes),
+// which the kernels that take byte products per plane skip; bf16 activations as they are (Bf16Panel).
 //
 // The weights are read as *panels*: 16 rows side by side, so that a vector lane is an output row
 // (see StagedPanel). Int8Panel::tile<..., S> computes, for each output element (weight row r,
@@ -100,6 +101,13 @@ struct BlockPrefetch {
   [[gnu::always_inline]] void slot(int s) const {
     if (s % 2 == 0) __builtin_prefetch(at + std::min<int64_t>(32 * s, last), 0, 2);
   }
+  // Slot v of the dot products against `plane` of P planes: where the lo plane is skipped (P = 1),
+  // its slots come beside the hi plane's.
+  template <int P>
+  [[gnu::always_inline]] void plane_slot(int plane, int v) const {
+    slot(8 * plane + v);
+    if constexpr (P == 1) slot(8 + v);
+  }
   // The lines slot() leaves (more than 8 a block: Q8_0).
   [[gnu::always_inline]] void rest() const {
     for (int64_t l = 8; l < lines; ++l) __builtin_prefetch(at + 64 * l, 0, 2);
@@ -139,15 +147,16 @@ struct Int8Panel {
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
   }
-  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c.
-  template <int R, int C, bool Signed, int S>
+  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c. P: the planes
+  // of x to take (1 where the lo plane is zeros).
+  template <int R, int C, bool Signed, int S, int P>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m512 f[R][C];
     clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m512i acc[R][C];
       clear(acc);
-      for (int plane = 0; plane < 2; ++plane) {
+      for (int plane = 0; plane < P; ++plane) {
         if (plane == 1)
           for (int r = 0; r < R; ++r)
             for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
@@ -170,6 +179,9 @@ struct Int8Panel {
           }
         }
       }
+      if constexpr (P == 1)
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
       add_span<R, C, Signed, S>(w, x, j, acc, f);
     }
     store(f, out);
@@ -207,10 +219,11 @@ struct Int8Panel {
   // computes it.
   static constexpr int kStreamCols = 8;
 
-  // out[c * 16 + r] = f of panel row r and activation row c. Prefetches [pf, pf_end) meanwhile,
-  // pf_step bytes per block: spread into L2 (BlockPrefetch::slot), or with Burst (one row) each
-  // block's share at once into L1, after its dot products (BlockPrefetch::burst).
-  template <QFormat F, int C, bool Burst = false>
+  // out[c * 16 + r] = f of panel row r and activation row c, over P planes of x (as tile()).
+  // Prefetches [pf, pf_end) meanwhile, pf_step bytes per block: spread into L2 (BlockPrefetch::slot),
+  // or with Burst (one row) each block's share at once into L1, after its dot products
+  // (BlockPrefetch::burst).
+  template <QFormat F, int C, int P, bool Burst = false>
   static void stream(const uint8_t* panel, int64_t blocks, const StreamRows& x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
     static_assert(!Burst || C == 1, "the burst is measured at one row only");
@@ -244,10 +257,10 @@ struct Int8Panel {
           // Two chains per plane (S = 2) or one per span (S = 1): the int32 sums are exact, so their
           // order does not matter.
           __m512i acc[2][2] = {{z, z}, {z, z}};
-          for (int plane = 0; plane < 2; ++plane) {
+          for (int plane = 0; plane < P; ++plane) {
             const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
             for (int v = 0; v < 8; ++v) {
-              if (!Burst && c == 0) ahead.slot(8 * plane + v);
+              if (!Burst && c == 0) ahead.plane_slot<P>(plane, v);
               const int chain = S == 2 ? v % 2 : v / 4;
               const __m512i sv = broadcast4(a + 4 * v);
               if constexpr (F == QFormat::kQ8_0) acc[plane][chain] = dot(acc[plane][chain], wq[v], _mm512_mask_sub_epi8(sv, neg[v], z, sv));
@@ -512,7 +525,7 @@ struct Int8Panel {
   // 8h + 7 are the 32 bytes at 32h of each 64-byte run and the 8 halves at 16h of each header field.
   static constexpr int kStreamCols = 8;
 
-  template <QFormat F, int C>
+  template <QFormat F, int C, int P>
   static void stream(const uint8_t* panel, int64_t blocks, const StreamRows& x, const uint8_t* pf, const uint8_t* pf_end,
                      int64_t pf_step, float* out) {
     constexpr int kUnitBlocks = packed_unit(F).blocks, S = packed_unit(F).span_groups;
@@ -534,10 +547,10 @@ struct Int8Panel {
             if constexpr (F == QFormat::kQ8_0) {
               // |q| may be 128: each product pair is widened on its own (dot), as tile() does.
               __m256i acc[2] = {z, z};
-              for (int plane = 0; plane < 2; ++plane) {
+              for (int plane = 0; plane < P; ++plane) {
                 const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                 for (int v = 0; v < 8; ++v) {
-                  if (h == 0 && c == 0) ahead.slot(8 * plane + v);
+                  if (h == 0 && c == 0) ahead.plane_slot<P>(plane, v);
                   acc[plane] = dot(acc[plane], _mm256_abs_epi8(u[v]), _mm256_sign_epi8(broadcast4(a + 4 * v), u[v]));
                 }
               }
@@ -549,10 +562,10 @@ struct Int8Panel {
                 // acc[plane][e]: span e's sums (S = 1), or those of the block's even and odd quads
                 // (S = 2: two chains of vpdpbusd's latency rather than one of 8).
                 __m256i acc[2][2] = {{z, z}, {z, z}};
-                for (int plane = 0; plane < 2; ++plane) {
+                for (int plane = 0; plane < P; ++plane) {
                   const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                   for (int v = 0; v < 8; ++v) {
-                    if (h == 0 && c == 0) ahead.slot(8 * plane + v);
+                    if (h == 0 && c == 0) ahead.plane_slot<P>(plane, v);
                     __m256i& s = acc[plane][S == 2 ? v % 2 : v / 4];
                     s = dot(s, u[v], broadcast4(a + 4 * v));
                   }
@@ -563,12 +576,12 @@ struct Int8Panel {
                 }
                 for (int e = 0; e < 3 - S; ++e) sum[e] = _mm256_add_epi32(_mm256_slli_epi32(acc[0][e], 7), acc[1][e]);
               } else {
-                for (int plane = 0; plane < 2; ++plane) {
+                for (int plane = 0; plane < P; ++plane) {
                   const int8_t* a = x.planes + (b * C + c) * 64 + 32 * plane;
                   for (int v0 = 0; v0 < 8; v0 += kPairSums) {
                     __m256i pairs = z;
                     for (int v = v0; v < v0 + kPairSums; ++v) {
-                      if (h == 0 && c == 0) ahead.slot(8 * plane + v);
+                      if (h == 0 && c == 0) ahead.plane_slot<P>(plane, v);
                       pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(u[v], broadcast4(a + 4 * v)));
                     }
                     const int span = S == 2 ? 0 : v0 / 4;
@@ -653,7 +666,7 @@ struct Int8Panel {
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
     MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
   }
-  template <int R, int C, bool Signed, int S>
+  template <int R, int C, bool Signed, int S, int P>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c)
@@ -664,7 +677,7 @@ struct Int8Panel {
             for (int i = 0; i < 16 * S; ++i) {
               const int32_t q = w[r].q[j * kPanelGroupValues + (i / 4) * 64 + lane * 4 + i % 4];
               hi += q * x[c].hi[16 * j + i];
-              lo += q * x[c].lo[16 * j + i];
+              if constexpr (P == 2) lo += q * x[c].lo[16 * j + i];
             }
             f = std::fma(static_cast<float>(hi * 128 + lo), w[r].scale[16 * j + lane] * x[c].d[j / 2], f);
             if constexpr (!Signed) f = std::fma(w[r].offset[16 * j + lane], x[c].template sum<S>(j / S), f);

@@ -99,13 +99,14 @@ class QuantizedIdefics3Model(TiledVision, QuantizedLlamaModel):
     runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 raw: dict[str, Any], spec: TileSpec, tokenizer: Tokenizer, quantization: str) -> None:
+                 raw: dict[str, Any], spec: TileSpec, tokenizer: Tokenizer, quantization: str,
+                 activation_bits: int = 16) -> None:
         from mindie.model.quantized import quantize_dense
 
         text = {k: w for k, w in weights.items() if not k.startswith(_VISION_PREFIXES)}
         matrices = {k: quantize_dense(w, quantization) for k, w in text.items() if w.dim() == 2}
         vectors = {k: w.float() for k, w in text.items() if w.dim() == 1}
-        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype)
+        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype, activation_bits)
         self._init_vision(weights, raw, spec, tokenizer)
 
 
@@ -115,7 +116,7 @@ def _language_model_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.T
             for k, w in weights.items()}
 
 
-def load_idefics3(path: str, dtype: torch.dtype, quantization: str = "none"
+def load_idefics3(path: str, dtype: torch.dtype, quantization: str = "none", activation_bits: int = 16
                   ) -> tuple[ModelConfig, Idefics3Model | QuantizedIdefics3Model, Tokenizer]:
     """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
     from mindie.model.hf_dir import read_config, read_raw_config, read_weights
@@ -127,5 +128,6 @@ def load_idefics3(path: str, dtype: torch.dtype, quantization: str = "none"
     tokenizer = Tokenizer.from_hf_dir(path, config.eos_token_ids)
     spec = TileSpec.from_hf_dir(path, int(raw["vision_config"].get("image_size", 224)))
     if quantization in ("q8_0", "q4_0"):
-        return config, QuantizedIdefics3Model(config, weights, dtype, raw, spec, tokenizer, quantization), tokenizer
+        model = QuantizedIdefics3Model(config, weights, dtype, raw, spec, tokenizer, quantization, activation_bits)
+        return config, model, tokenizer
     return config, Idefics3Model(config, weights, dtype, raw, spec, tokenizer), tokenizer

@@ -1,9 +1,9 @@
 """The Llama-family decoder over weights kept in their ggml formats, one C++ call per step.
 
 Same interface as `LlamaModel` (allocate_kv_cache, forward over AttentionMetadata), but the whole
-layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights (bf16 ones for
-prompt rows when the dtype is bfloat16 and the CPU's bf16 dot products are the faster form, see
-`prompt_rows_in_bf16`), float32 everywhere
+layer loop runs in `_C.LlamaForward`: int8 activations against the quantized weights (two planes, or
+one with activation_bits=8; bf16 ones for prompt rows when the dtype is bfloat16 and the CPU's bf16
+dot products are the faster form, see `prompt_rows_in_bf16`), float32 everywhere
 else, and a KV cache in `kv_dtype`. A row's path depends only on that row, so its logits do not
 depend on the rest of the batch.
 """
@@ -30,32 +30,45 @@ _INT8_MARGIN = 1.5
 
 
 @functools.cache
-def prompt_rows_in_bf16() -> bool:
+def prompt_rows_in_bf16(planes: int = 2) -> bool:
     """Whether prompt rows take the bf16 form (with the bfloat16 dtype): where the active kernels have
-    native bf16 dot products and those are the faster of the two forms here. On an Intel Sapphire
-    Rapids core vdpbf16ps runs about one every two cycles against two vpdpbusd, but its AMX tiles
-    (tdpbf16ps) do 8 times the int8 form's products; on AMD Zen 4/5 vdpbf16ps and vpdpbusd are even
-    and bf16 stays. Measured once (tens of ms)
-    with the register-only loops of _C.dot_peak; MINDIE_PROMPT_FORM=bf16|int8 decides instead."""
+    native bf16 dot products and those are the faster of the two forms here, the int8 form's rows
+    quantized with `planes` planes. On an Intel Sapphire Rapids core vdpbf16ps runs about one every
+    two cycles against two vpdpbusd, but its AMX tiles (tdpbf16ps) do 8 times the int8 form's
+    products; on AMD Zen 4/5 vdpbf16ps and vpdpbusd are even and bf16 stays against two planes. One
+    plane takes one byte product per weight on AVX-512 VNNI (the byte tile, vpdpbusd), twice the
+    int16 products of two. Measured once (tens of ms) with the register-only loops of _C.dot_peak;
+    MINDIE_PROMPT_FORM=bf16|int8 decides instead."""
     forced = os.environ.get("MINDIE_PROMPT_FORM", "")
     if forced not in ("", "bf16", "int8"):
         raise ValueError(f"MINDIE_PROMPT_FORM must be bf16 or int8, got {forced!r}")
     if not _C.qmatmul_bf16_native() or forced:
         return _C.qmatmul_bf16_native() and forced != "int8"
     features = _C.cpu_features()
-    int8 = "vpdpwssd" if features["avx512_vnni"] else "vpmaddwd"
+    if features["avx512_vnni"]:
+        int8 = "vpdpbusd" if planes == 1 else "vpdpwssd"
+    else:
+        int8 = "vpmaddwd"
     bf16 = "tdpbf16ps" if features["amx_bf16"] else "vdpbf16ps"
     return _C.dot_peak(int8, 1, 0.03) < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
 
 
+# --activation-bits: 16, two int8 planes (about 15 bits; generated tokens keep float32's top-1), or 8,
+# one plane as llama.cpp quantizes activations (half the byte products).
+ACTIVATION_PLANES = {16: 2, 8: 1}
+
+
 class QuantizedLlamaModel:
     def __init__(self, config: ModelConfig, matrices: dict[str, QuantizedWeight],
-                 vectors: dict[str, torch.Tensor], kv_dtype: torch.dtype) -> None:
+                 vectors: dict[str, torch.Tensor], kv_dtype: torch.dtype, activation_bits: int = 16) -> None:
         if kv_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"dtype must be float32 or bfloat16, got {kv_dtype}")
+        if activation_bits not in ACTIVATION_PLANES:
+            raise ValueError(f"activation_bits must be one of {sorted(ACTIVATION_PLANES)}, got {activation_bits!r}")
         self.config = config
         self.dtype = kv_dtype
         self.kv_dtype = kv_dtype
+        self.activation_planes = ACTIVATION_PLANES[activation_bits]
 
         def matrix(name: str) -> QuantizedWeight:
             if name not in matrices:
@@ -108,6 +121,11 @@ class QuantizedLlamaModel:
         self._caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
+    def bf16_prompts(self) -> bool:
+        """Whether prompt rows enter the projections as bf16 (else as int8, as generated rows do)."""
+        return self.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16(self.activation_planes)
+
+    @property
     def weight_formats(self) -> dict[str, int]:
         """Format name -> number of matrices in it (start-up log)."""
         return dict(Counter(w.format_name for w in {id(w): w for w in self.matrices.values()}.values()))
@@ -130,7 +148,7 @@ class QuantizedLlamaModel:
             "gelu": c.hidden_act == "gelu_tanh", "embed_scale": c.embed_scale,
             "attn_softcap": c.attn_logit_softcap, "final_softcap": c.final_logit_softcap,
             "kv_dtype": "bfloat16" if self.kv_dtype == torch.bfloat16 else "float32",
-            "bf16_prompts": self.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16(),
+            "bf16_prompts": self.bf16_prompts, "activation_planes": self.activation_planes,
             "expert_intermediate": c.moe_intermediate_size, "experts_per_tok": c.num_experts_per_tok,
             "norm_topk_prob": c.norm_topk_prob,
         }

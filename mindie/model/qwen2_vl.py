@@ -142,17 +142,18 @@ class QuantizedQwen2VLModel(VisionLanguage, QuantizedLlamaModel):
     the vision tower runs in torch, in the model's dtype."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 raw: dict[str, Any], image_spec: ImageSpec, video_spec: VideoSpec, quantization: str) -> None:
+                 raw: dict[str, Any], image_spec: ImageSpec, video_spec: VideoSpec, quantization: str,
+                 activation_bits: int = 16) -> None:
         from mindie.model.quantized import quantize_dense
 
         text = {k: w for k, w in weights.items() if not k.startswith("visual.")}
         matrices = {k: quantize_dense(w, quantization) for k, w in text.items() if w.dim() == 2}
         vectors = {k: w.float() for k, w in text.items() if w.dim() == 1}
-        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype)
+        QuantizedLlamaModel.__init__(self, config, matrices, vectors, dtype, activation_bits)
         self._init_vision(config, weights, raw, image_spec, video_spec)
 
 
-def load_qwen2_vl(path: str, dtype: torch.dtype, quantization: str = "none"
+def load_qwen2_vl(path: str, dtype: torch.dtype, quantization: str = "none", activation_bits: int = 16
                   ) -> tuple[ModelConfig, Qwen2VLModel | QuantizedQwen2VLModel]:
     """`quantization`: none / auto (dense, the exact path) or q8_0 / q4_0 (the C++ step)."""
     from mindie.model.hf_dir import language_model_names, read_config, read_raw_config, read_weights
@@ -163,5 +164,5 @@ def load_qwen2_vl(path: str, dtype: torch.dtype, quantization: str = "none"
     video = VideoSpec.from_hf_dir(path, spec)
     weights = language_model_names(read_weights(path), ("visual.",))
     if quantization in ("q8_0", "q4_0"):
-        return config, QuantizedQwen2VLModel(config, weights, dtype, raw, spec, video, quantization)
+        return config, QuantizedQwen2VLModel(config, weights, dtype, raw, spec, video, quantization, activation_bits)
     return config, Qwen2VLModel(config, weights, dtype, raw, spec, video)

@@ -28,40 +28,44 @@ def pack_panels(data: torch.Tensor, ggml_type: int) -> torch.Tensor:
     return out
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row and block of 32: x ~= d * (128 * q[:, 0] + q[:, 1]); returns q [m, 2, k] int8, d [m, k/32]."""
+def quantize_activations(x: torch.Tensor, planes: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row and block of 32: x ~= d * (128 * q[:, 0] + q[:, 1]); returns q [m, 2, k] int8, d [m, k/32].
+    planes=1: q[:, 1] is zeros (one int8 plane, as llama.cpp quantizes activations)."""
     m, k = x.shape
     q = torch.empty(m, 2, k, dtype=torch.int8)
     d = torch.empty(m, k // 32, dtype=torch.float32)
-    _C.quantize_activations(q, d, x)
+    _C.quantize_activations(q, d, x, planes)
     return q, d
 
 
 def qmatmul(xq: torch.Tensor, xd: torch.Tensor, weight: torch.Tensor, ggml_type: int,
-            bias: torch.Tensor | None = None, packed_rows: int | None = None) -> torch.Tensor:
+            bias: torch.Tensor | None = None, packed_rows: int | None = None, planes: int = 2) -> torch.Tensor:
     """float32 [m, n] = the quantized activations times the GGUF-block weight [n, row_bytes]^T; with
-    packed_rows, weight is a matrix of n = packed_rows rows packed in panels (pack_panels)."""
+    packed_rows, weight is a matrix of n = packed_rows rows packed in panels (pack_panels). planes=1
+    for activations quantized with planes=1: the kernels skip their zero plane."""
     out = torch.empty(xq.shape[0], weight.shape[0] if packed_rows is None else packed_rows, dtype=torch.float32)
-    _C.qmatmul(out, xq, xd, weight, ggml_type, bias, packed_rows is not None)
+    _C.qmatmul(out, xq, xd, weight, ggml_type, bias, packed_rows is not None, planes)
     return out
 
 
 def qmatmul_group(xq: torch.Tensor, xd: torch.Tensor,
-                  weights: Sequence[tuple[int, torch.Tensor, int, int, bool]]) -> list[torch.Tensor]:
+                  weights: Sequence[tuple[int, torch.Tensor, int, int, bool]], planes: int = 2) -> list[torch.Tensor]:
     """float32 [m, n_j] for each of 1 to 4 weights (QuantizedWeight.spec()) that share the quantized
     activations, in one call, as the forward step projects q/k/v and gate/up."""
     outs = [torch.empty(xq.shape[0], rows, dtype=torch.float32) for _, _, _, rows, _ in weights]
-    _C.qmatmul_group(outs, xq, xd, list(weights))
+    _C.qmatmul_group(outs, xq, xd, list(weights), planes)
     return outs
 
 
-def qmatmul_batch(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[tuple[int, torch.Tensor, int, int, bool]]]]
-                  ) -> list[list[torch.Tensor]]:
+QMatmulCall = tuple[torch.Tensor, torch.Tensor, Sequence[tuple[int, torch.Tensor, int, int, bool]]]
+
+
+def qmatmul_batch(calls: Sequence[QMatmulCall], planes: int = 2) -> list[list[torch.Tensor]]:
     """qmatmul_group for each (xq, xd, weights) of up to 16 independent calls, in one: the routed
     experts of a decode step, their panels walked as one range over the threads."""
     outs = [[torch.empty(xq.shape[0], rows, dtype=torch.float32) for _, _, _, rows, _ in weights]
             for xq, _, weights in calls]
-    _C.qmatmul_batch([(o, xq, xd, list(weights)) for o, (xq, xd, weights) in zip(outs, calls, strict=True)])
+    _C.qmatmul_batch([(o, xq, xd, list(weights)) for o, (xq, xd, weights) in zip(outs, calls, strict=True)], planes)
     return outs
 
 

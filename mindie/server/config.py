@@ -116,6 +116,7 @@ _MODEL: dict[str, Key] = {
     "models": Key("dict", honoured=False),
     "dtype": Key("str", choices=("auto", "bfloat16", "float32")),
     "quantization": Key("str", choices=("auto", "none", "q8_0", "q4_0")),
+    "activationBits": Key("int", choices=(16, 8)),
 }
 
 _SCHEDULE: dict[str, Key] = {
@@ -190,6 +191,7 @@ class ServerSettings:
     model_path: str | None = None  # None: the embedded default model
     dtype: str = "auto"
     quantization: str = "auto"
+    activation_bits: int = 16  # the integer path's activations: 16 (two int8 planes) or 8 (one, as llama.cpp)
     # --reasoning-parser: auto (Qwen3 models whose tokenizer has <think> / </think>), none, or qwen3
     reasoning_parser: str = "auto"
     truncation: int = 0  # 0 reject, -1 keep the first tokens (cut the right), 1 keep the last
@@ -330,6 +332,7 @@ class ServerSettings:
             model_path=path(model["modelWeightPath"]) if model.get("modelWeightPath") else None,
             dtype=model.get("dtype", "auto"),
             quantization=model.get("quantization", "auto"),
+            activation_bits=model.get("activationBits", 16),
             max_n=schedule.get("maxN", 128),
             queue_delay_s=schedule.get("maxQueueDelayMicroseconds", 5000) / 1e6,
             truncation={True: -1, False: 0}.get(truncation, truncation) if isinstance(truncation, bool) else truncation,

@@ -35,7 +35,7 @@ def load(settings: ServerSettings, progress: bool = True) -> Serving:
     from mindie.ops.memory import return_free_heap
 
     steps = tqdm(total=2, desc="Loading model", unit="step", disable=not progress, dynamic_ncols=True)
-    loaded = load_model(settings.model_path, settings.dtype, settings.quantization)
+    loaded = load_model(settings.model_path, settings.dtype, settings.quantization, settings.activation_bits)
     print(f"model {loaded.source}: {describe(loaded)}", file=sys.stderr)
     steps.update(1)
     try:

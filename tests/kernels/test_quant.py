@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
@@ -85,6 +86,9 @@ class Form:
 
 FORMS = {
     "int8": Form(ops.quantize_activations, ops.qmatmul, ref.qmatmul, 1e-4),
+    # --activation-bits 8: the lo plane zeros, and skipped by the kernels that take it apart
+    "int8-one-plane": Form(partial(ops.quantize_activations, planes=1), partial(ops.qmatmul, planes=1), ref.qmatmul,
+                           1e-4),
     # The kernel rounds scale * q + offset once (fma), gguf twice: a weight near a bf16 tie may round
     # one bf16 step apart, about 2^-9 of one product.
     "bf16": Form(lambda x: (x.bfloat16(),), ops.qmatmul_bf16, ref.qmatmul_bf16, 2e-3),
@@ -222,6 +226,49 @@ def test_a_batch_of_calls_gives_each_its_own_result(isa, m):
         ops.qmatmul_batch(calls * 5)
 
 
+@pytest.mark.parametrize("planes", [1, 2])
+def test_quantize_activations_matches_the_reference(isa, planes):
+    """Both planes as the reference rounds them (hi to 127 steps of the block's largest magnitude, lo
+    to 1/128 of a step); with one plane the same hi and d, and lo zeros: each value within half a
+    step of hi's, against 1/256 of a step with two planes."""
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(planes)) * torch.logspace(-3, 2, 256)
+    q, d = ops.quantize_activations(x, planes=planes)
+    want_q, want_d = ref.quantize_activations(x, planes)
+    assert torch.equal(q, want_q) and torch.equal(d, want_d)
+    step = d.repeat_interleave(32, 1) * 128
+    err = (ref.activations_value(q, d) - x.double()).abs() / step
+    assert err.max().item() <= (0.5 if planes == 1 else 1 / 256) + 1e-4
+    if planes == 1:
+        assert not q[:, 1].any() and torch.equal(q[:, 0], ops.quantize_activations(x)[0][:, 0])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_plane_kernels_give_the_bits_of_both_planes_with_lo_zero(isa, fmt):
+    """planes=1 skips the lo plane (the byte tile and the streaming GEMV take half the products; Q8_0
+    moves from the int16 tile to the byte tile): every row count and thread count gives the bits the
+    two-plane kernels give on the same activations, whose lo plane is zeros."""
+    k = cols_for(fmt)[-1]
+    data, qtype = random_blocks(fmt, 45, k, 5)
+    packed = ops.pack_panels(data, qtype)
+    threads = _C.get_num_threads()
+    try:
+        for t in sorted({1, threads}):
+            _C.set_num_threads(t)
+            for m in (1, 2, 5, 8, 9, 13, 64):
+                q, d = ops.quantize_activations(torch.randn(m, k, generator=torch.Generator().manual_seed(m)), planes=1)
+                for weight, rows in ((packed, 45), (data, None)):
+                    one = ops.qmatmul(q, d, weight, qtype, packed_rows=rows, planes=1)
+                    assert torch.equal(one, ops.qmatmul(q, d, weight, qtype, packed_rows=rows)), (t, m, rows)
+                group = [(qtype, packed, k, 45, True), (qtype, data, k, 45, False)]
+                for a, b in zip(ops.qmatmul_group(q, d, group, planes=1), ops.qmatmul_group(q, d, group), strict=True):
+                    assert torch.equal(a, b)
+                batch = [(q, d, group[:1]), (q, d, group[:1])]
+                for a, b in zip(ops.qmatmul_batch(batch, planes=1), ops.qmatmul_batch(batch), strict=True):
+                    assert torch.equal(a[0], b[0])
+    finally:
+        _C.set_num_threads(threads)
+
+
 def test_round_to_bf16_matches_torch(isa):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 45, generator=gen) * torch.logspace(-30, 30, 45)  # odd width: a partial vector
@@ -329,6 +376,12 @@ def test_bad_arguments_raise():
         ops.qmatmul(q, d, data[:, :20].contiguous(), qtype)
     with pytest.raises(ValueError, match="multiple of 32"):
         ops.quantize_activations(torch.randn(2, 40))
+    with pytest.raises(ValueError, match="planes must be 1 or 2, got 3"):
+        ops.quantize_activations(torch.randn(2, 64), planes=3)
+    with pytest.raises(ValueError, match="planes must be 1 or 2, got 0"):
+        ops.qmatmul(q, d, data, qtype, planes=0)
+    with pytest.raises(ValueError, match="row 0's lo plane is not zeros"):  # two-plane rows, their lo skipped
+        ops.qmatmul(q, d, data, qtype, planes=1)
     with pytest.raises(TypeError, match="x: expected dtype bfloat16"):
         ops.qmatmul_bf16(torch.randn(2, 64), data, qtype)
     with pytest.raises(ValueError, match="multiple of 32"):

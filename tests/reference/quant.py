@@ -15,14 +15,16 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(w, dtype=np.float32).reshape(data.shape[0], cols))
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, planes: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """x ~= d * (128 * q[:, 0] + q[:, 1]) per block of 32; planes=1: q[:, 1] zeros, q[:, 0] the same
+    (llama.cpp's Q8_0 activations: 127 steps of the block's largest magnitude)."""
     m, k = x.shape
     blocks = x.reshape(m, k // 32, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     step = amax / 127.0
     hi = torch.round(blocks * inv)
-    lo = torch.round((blocks - hi * step) * (inv * 128.0)).clamp(-127, 127)
+    lo = torch.round((blocks - hi * step) * (inv * 128.0)).clamp(-127, 127) * (planes - 1)
     q = torch.stack([hi.reshape(m, k), lo.reshape(m, k)], dim=1).to(torch.int8)
     return q, (step / 128.0).reshape(m, k // 32)
 

@@ -43,6 +43,8 @@ def _with(**server):
      ["maxIterTimes", "maxSeqLen=2560"]),
     ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"modelName": "-bad"}]}}}, ["modelName"]),
     ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{}, {}]}}}, ["exactly 1 model"]),
+    ({"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"activationBits": 4}]}}},
+     ["ModelConfig[0].activationBits must be one of [16, 8], got 4"]),
 ])
 def test_bad_config_names_the_key_and_range(raw, words):
     with pytest.raises(ConfigError) as err:
@@ -60,6 +62,19 @@ def test_cli_flags_override_the_config(tmp_path):
     args = _parser().parse_args(["serve", "model.gguf", "--config", EXAMPLE, "--port", "2025", "--api-key", "k"])
     s = settings_from_args(args)
     assert (s.port, s.api_key, s.model_path, s.management_port) == (2025, "k", "model.gguf", 1026)
+    assert s.activation_bits == 16
+
+
+def test_activation_bits_come_from_the_config_or_the_flag(tmp_path):
+    raw = json.load(open(EXAMPLE))
+    raw["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["activationBits"] = 8
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    assert settings_from_args(_parser().parse_args(["serve", "--config", str(path)])).activation_bits == 8
+    flag = _parser().parse_args(["serve", "--config", str(path), "--activation-bits", "16"])
+    assert settings_from_args(flag).activation_bits == 16
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--activation-bits", "12"])
 
 
 def test_prefill_chunk_size_is_the_step_budget_within_max_prefill_tokens():
