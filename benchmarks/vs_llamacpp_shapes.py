@@ -40,7 +40,7 @@ from vs_llamacpp import DECODE, PREFILL, cpu_summary, llama_bench_any, our_decod
 
 from mindie import _C, LLM, SamplingParams
 from mindie.model.gguf_header import read_header
-from mindie.model.llama_quant import activation_planes, prompt_rows_in_bf16
+from mindie.model.llama_quant import activation_planes, int8_prompt_instruction, prompt_rows_in_bf16
 from mindie.model.loader import default_model_path
 
 # make-synthetic-gguf.py's arguments per public model.
@@ -118,11 +118,7 @@ def prefill_instruction(vnni: bool = True, activation_bits: int = 16) -> str:
     planes = activation_planes(activation_bits)
     if prompt_rows_in_bf16(planes):
         return "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
-    feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
-    if vnni and feature is not None and _C.cpu_features()[feature]:
-        # one plane: the AVX-512 byte tile's one byte product a weight; two: the prompt tiles' int16 ones
-        return "vpdpbusd" if planes == 1 and _C.get_isa() == "avx512" else "vpdpwssd"
-    return "vpmaddwd"
+    return int8_prompt_instruction(planes, vnni)
 
 
 def run_file(args: argparse.Namespace, path: Path) -> list[str]:

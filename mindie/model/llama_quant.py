@@ -29,6 +29,17 @@ from mindie.model.quantized import QuantizedWeight
 _INT8_MARGIN = 1.5
 
 
+def int8_prompt_instruction(planes: int, vnni: bool = True) -> str:
+    """The dot-product instruction the active kernel variant's int8 prompt tile multiplies with, for
+    rows of `planes` planes (vnni=False: as after _C.set_vnni(False)). One plane takes the AVX-512 VNNI
+    byte tile, a byte product per weight; two planes and the AVX2 tiles one int16 product per weight
+    (128 * hi + lo as one value)."""
+    feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
+    if not (vnni and feature is not None and _C.cpu_features()[feature]):
+        return "vpmaddwd"
+    return "vpdpbusd" if planes == 1 and _C.get_isa() == "avx512" else "vpdpwssd"
+
+
 @functools.cache
 def prompt_rows_in_bf16(planes: int = 2) -> bool:
     """Whether prompt rows take the bf16 form (with the bfloat16 dtype): where the active kernels have
@@ -44,13 +55,8 @@ def prompt_rows_in_bf16(planes: int = 2) -> bool:
         raise ValueError(f"MINDIE_PROMPT_FORM must be bf16 or int8, got {forced!r}")
     if not _C.qmatmul_bf16_native() or forced:
         return _C.qmatmul_bf16_native() and forced != "int8"
-    features = _C.cpu_features()
-    if features["avx512_vnni"]:
-        int8 = "vpdpbusd" if planes == 1 else "vpdpwssd"
-    else:
-        int8 = "vpmaddwd"
-    bf16 = "tdpbf16ps" if features["amx_bf16"] else "vdpbf16ps"
-    return _C.dot_peak(int8, 1, 0.03) < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
+    bf16 = "tdpbf16ps" if _C.cpu_features()["amx_bf16"] else "vdpbf16ps"
+    return _C.dot_peak(int8_prompt_instruction(planes), 1, 0.03) < _INT8_MARGIN * _C.dot_peak(bf16, 1, 0.03)
 
 
 # --activation-bits: 16, two int8 planes (about 15 bits; generated tokens keep float32's top-1), or 8,

@@ -308,3 +308,14 @@ def test_prompt_form_is_measured_or_forced(monkeypatch):
         decide()
     monkeypatch.delenv("MINDIE_PROMPT_FORM")
     assert decide() in ((True, False) if _C.qmatmul_bf16_native() else (False,))
+
+
+def test_int8_prompt_instruction_is_the_prompt_tiles_product():
+    """One plane on AVX-512 VNNI: the byte tile's vpdpbusd; two planes, or the AVX2 variant: one int16
+    product per weight (vpdpwssd with VNNI, else vpmaddwd)."""
+    pick = llama_quant.int8_prompt_instruction
+    features, isa = _C.cpu_features(), _C.get_isa()
+    vnni = features.get({"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(isa, ""), False)
+    assert pick(2) == ("vpdpwssd" if vnni else "vpmaddwd")
+    assert pick(1) == ("vpdpbusd" if vnni and isa == "avx512" else pick(2))
+    assert pick(1, vnni=False) == pick(2, vnni=False) == "vpmaddwd"
