@@ -175,9 +175,12 @@ void for_each_row_tile(int64_t m, Tile&& tile) {
   if (c0 < m) with_count<C>(static_cast<int>(m - c0), [&](auto cols) { tile(c0, cols); });
 }
 
-// Panels p[0..R) (staged in buf) against every activation row, C rows at a time, in spans of 16 * S.
-template <class D, int R, bool Signed, int S>
+// Panels p[0..R) of format F (staged in buf) against every activation row, C rows at a time.
+template <class D, int R, QFormat F>
 void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, const std::vector<ActRef>& x) {
+  constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
+  constexpr bool Signed = info.signed_q;
+  constexpr int S = info.scale_span / 16;  // spans of 16 * S values
   StagedPanel<typename D::Weight> w[R];
   for (int r = 0; r < R; ++r) w[r] = buf[r].ref();
   const int64_t groups = a.k / 16;
@@ -185,6 +188,7 @@ void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, cons
   for_each_row_tile<D::kTileCols>(a.m, [&](int64_t c0, auto cols) {
     constexpr int C = decltype(cols)::value;
     if constexpr (D::kWide) D::template tile<R, C, Signed, S>(w, x.data() + c0, groups, out);  // one int16 product either way
+    else if constexpr (D::kOnePlaneOnly) D::template tile<R, C, F>(w, x.data() + c0, groups, out);
     else if (a.planes == 1) D::template tile<R, C, Signed, S, 1>(w, x.data() + c0, groups, out);
     else D::template tile<R, C, Signed, S, 2>(w, x.data() + c0, groups, out);
     store_tile(p, R, out, a, c0, cols);
@@ -194,10 +198,7 @@ void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, cons
 template <class D, int R>
 void apply_format(QFormat format, const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a,
                   const std::vector<ActRef>& x) {
-  with_format(format, [&](auto f) {
-    constexpr QFormatInfo info = qformat_info(static_cast<int>(decltype(f)::value));
-    apply<D, R, info.signed_q, info.scale_span / 16>(p, buf, a, x);
-  });
+  with_format(format, [&](auto f) { apply<D, R, decltype(f)::value>(p, buf, a, x); });
 }
 
 // The panels of every target of one call or of a batch of calls, back to back (target j owns panels
@@ -799,10 +800,14 @@ void qmatmul(const QMatmulArgs& a) {
     return signed_q && a.planes == 2 ? run_int8<WidePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
   }
 #endif
-#if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
-  if (use_avx_vnni()) return run_int8<Int8Panel<true>>(a);
+#if defined(MINDIE_ISA_AVX2)
+  // One plane: a byte product per weight (BytePanel) where the int16 tile takes one per value of
+  // 128 * hi + lo.
+#if defined(MINDIE_AVX_VNNI)
+  if (use_avx_vnni()) return a.planes == 1 ? run_int8<BytePanel<true>>(a) : run_int8<Int8Panel<true>>(a);
 #endif
-#if defined(MINDIE_ISA_AVX512)
+  return a.planes == 1 ? run_int8<BytePanel<false>>(a) : run_int8<Int8Panel<false>>(a);
+#elif defined(MINDIE_ISA_AVX512)
   return run_int8<WidePanel<false>>(a);
 #else
   run_int8<Int8Panel<false>>(a);

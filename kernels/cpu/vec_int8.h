@@ -15,9 +15,10 @@
 // thread split: an output element is reduced identically wherever it is computed. How s is summed
 // is the path's own, since any order gives the same exact int32: the prompt tiles of AVX2 and
 // AVX-512 (WidePanel) multiply int16, q against 128 * hi + lo (ActRef::wide) in one vpmaddwd or
-// vpdpwssd; the decode GEMV (stream), AVX-512's VNNI byte tile and the scalar tile take byte
-// products of q against each plane (vpdpbusd or vpmaddubsw; unsigned q goes straight into the
-// unsigned operand, signed q (Q8_0) goes in as |q| with its sign moved onto the activations).
+// vpdpwssd; the decode GEMV (stream), AVX-512's VNNI byte tile, AVX2's byte tile for one plane
+// (BytePanel) and the scalar tile take byte products of q against each plane (vpdpbusd or
+// vpmaddubsw; unsigned q goes straight into the unsigned operand, signed q (Q8_0) goes in as |q|
+// with its sign moved onto the activations).
 #pragma once
 
 #include <algorithm>
@@ -133,6 +134,7 @@ struct Int8Panel {
   static constexpr int kTileCols = 4;
   using Weight = int8_t;
   static constexpr bool kWide = false;
+  static constexpr bool kOnePlaneOnly = false;
   template <QFormat F>
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
     MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
@@ -614,6 +616,86 @@ struct Int8Panel {
   }
 };
 
+// The byte tile for rows of one plane (quant_matmul.cpp's qmatmul routes only those here): a byte
+// product per weight where the int16 tile takes one per value of 128 * hi + lo, over staged panels
+// in quant_decode.h's byte layout (rows 8h to 8h + 7 the 32 bytes at 32h of each 64-byte vector).
+// With AVX-VNNI vpdpbusd; without, vpmaddubsw with the pairs summed in int16 as far as q's range
+// allows (int16_pair_sums), then one vpmaddwd by 128 widens them (and gives the sum of 128 * hi).
+// Signed q (Q8_0) goes in as |q| with its sign moved onto the activations, as in the stream.
+template <bool Vnni>
+struct BytePanel : Int8Panel<Vnni> {
+  using Int8Panel<Vnni>::broadcast4;
+  using Int8Panel<Vnni>::dot;
+  // 1 panel x 6 rows with VNNI (12 accumulators, as the int16 tile's: vpdpbusd waits for the last
+  // one into its accumulator), x 3 without (6 int16 pair sums and 6 int32 sums beside two weight
+  // vectors and a broadcast). On a Zen 5 core under MINDIE_ISA=avx2, 3B prefill 512 at one plane:
+  // with VNNI 4, 5 and 6 rows all 100-102 tok/s; without, 2, 3 and 4 rows 60, 69 and 65-67.
+  static constexpr int kTilePanels = 1;
+  static constexpr int kTileCols = Vnni ? 6 : 3;
+  using Weight = int8_t;
+  static constexpr bool kWide = false;
+  static constexpr bool kOnePlaneOnly = true;
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
+  }
+
+  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c (hi planes only).
+  template <int R, int C, QFormat F>
+  static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
+    constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
+    constexpr bool Signed = info.signed_q;
+    constexpr int S = info.scale_span / 16, kSteps = 4 * S, kPairs = std::min(int16_pair_sums(F), kSteps);
+    const __m256i z = _mm256_setzero_si256();
+    __m256 f[R][C][2];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) f[r][c][0] = f[r][c][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < groups; j += S) {
+      __m256i acc[R][C][2];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = z;
+      for (int v0 = 0; v0 < kSteps; v0 += kPairs) {
+        __m256i pairs[R][C][2];
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c) pairs[r][c][0] = pairs[r][c][1] = z;
+        for (int v = v0; v < v0 + kPairs; ++v) {
+          __m256i wq[R][2];
+          for (int r = 0; r < R; ++r)
+            for (int h = 0; h < 2; ++h)
+              wq[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r].q + j * kPanelGroupValues + v * 64 + 32 * h));
+          for (int c = 0; c < C; ++c) {
+            const __m256i b = broadcast4(x[c].hi + 16 * j + 4 * v);
+            for (int r = 0; r < R; ++r)
+              for (int h = 0; h < 2; ++h) {
+                const __m256i u = Signed ? _mm256_abs_epi8(wq[r][h]) : wq[r][h];
+                const __m256i s = Signed ? _mm256_sign_epi8(b, wq[r][h]) : b;
+                if constexpr (Vnni) acc[r][c][h] = dot(acc[r][c][h], u, s);
+                else pairs[r][c][h] = _mm256_add_epi16(pairs[r][c][h], _mm256_maddubs_epi16(u, s));
+              }
+          }
+        }
+        if constexpr (!Vnni)
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c)
+              for (int h = 0; h < 2; ++h)
+                acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(pairs[r][c][h], _mm256_set1_epi16(128)));
+      }
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const __m256 scale = _mm256_loadu_ps(w[r].scale + 16 * j + 8 * h), offset = _mm256_loadu_ps(w[r].offset + 16 * j + 8 * h);
+          for (int c = 0; c < C; ++c) {
+            const __m256i s = Vnni ? _mm256_slli_epi32(acc[r][c][h], 7) : acc[r][c][h];
+            f[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scale, _mm256_set1_ps(x[c].d[j / 2])), f[r][c][h]);
+            if constexpr (!Signed) f[r][c][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x[c].template sum<S>(j / S)), f[r][c][h]);
+          }
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
+  }
+};
+
 inline int32_t plane_sum16(const int8_t* hi, const int8_t* lo) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
   const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
@@ -662,6 +744,7 @@ struct Int8Panel {
   static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
   using Weight = int8_t;
   static constexpr bool kWide = false;
+  static constexpr bool kOnePlaneOnly = false;
   template <QFormat F>
   static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
     MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);

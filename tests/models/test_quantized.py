@@ -310,12 +310,18 @@ def test_prompt_form_is_measured_or_forced(monkeypatch):
     assert decide() in ((True, False) if _C.qmatmul_bf16_native() else (False,))
 
 
-def test_int8_prompt_instruction_is_the_prompt_tiles_product():
-    """One plane on AVX-512 VNNI: the byte tile's vpdpbusd; two planes, or the AVX2 variant: one int16
-    product per weight (vpdpwssd with VNNI, else vpmaddwd)."""
+@pytest.mark.parametrize("isa", [i for i in _C.available_isas() if i != "scalar"])
+def test_int8_prompt_instruction_is_the_prompt_tiles_product(isa):
+    """One plane: a byte tile's vpdpbusd with VNNI, and without it vpmaddubsw in the AVX2 variant (the
+    AVX-512 one keeps its int16 tile); two planes: one int16 product per weight (vpdpwssd with VNNI,
+    else vpmaddwd)."""
     pick = llama_quant.int8_prompt_instruction
-    features, isa = _C.cpu_features(), _C.get_isa()
-    vnni = features.get({"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(isa, ""), False)
-    assert pick(2) == ("vpdpwssd" if vnni else "vpmaddwd")
-    assert pick(1) == ("vpdpbusd" if vnni and isa == "avx512" else pick(2))
-    assert pick(1, vnni=False) == pick(2, vnni=False) == "vpmaddwd"
+    vnni = _C.cpu_features()[{"avx512": "avx512_vnni", "avx2": "avx_vnni"}[isa]]
+    previous = _C.get_isa()
+    try:
+        _C.set_isa(isa)
+        assert (pick(1), pick(2)) == (("vpdpbusd", "vpdpwssd") if vnni else
+                                      ("vpmaddubsw" if isa == "avx2" else "vpmaddwd", "vpmaddwd"))
+        assert (pick(1, vnni=False), pick(2, vnni=False)) == ("vpmaddubsw" if isa == "avx2" else "vpmaddwd", "vpmaddwd")
+    finally:
+        _C.set_isa(previous)
