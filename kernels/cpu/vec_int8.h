@@ -120,25 +120,29 @@ struct BlockPrefetch {
   }
 };
 
+// A tile over panels staged as int8 in quant_decode.h's layout (the byte tiles): its weight type and stager.
+struct ByteStaging {
+  using Weight = int8_t;
+  static constexpr bool kWide = false;
+  template <QFormat F>
+  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
+    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
+  }
+};
+
 #if defined(MINDIE_ISA_AVX512)
 
 // AVX-512: a panel's 16 rows are one vector's 16 int32 lanes. Vnni: vpdpbusd, else
 // vpmaddubsw + vpmaddwd (the same exact int32 sums either way). The byte tile here is the VNNI
 // prompt path of unsigned formats; WidePanel (below) takes the rest.
 template <bool Vnni>
-struct Int8Panel {
+struct Int8Panel : ByteStaging {
   // Panels x activation rows per register tile: 3 x 4 int32 and float accumulators, three weight
   // vectors and a broadcast fit the 32 vector registers (5-10% faster than 2 x 4 or 2 x 6 at 32
   // and 512 rows; 1 x 8 runs at less than half the speed).
   static constexpr int kTilePanels = 3;
   static constexpr int kTileCols = 4;
-  using Weight = int8_t;
-  static constexpr bool kWide = false;
   static constexpr bool kOnePlaneOnly = false;
-  template <QFormat F>
-  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
-  }
 
   static __m512i dot(__m512i acc, __m512i u, __m512i s) {
     if constexpr (Vnni) return _mm512_dpbusd_epi32(acc, u, s);
@@ -489,12 +493,10 @@ struct Int8Panel {
   template <int R, int C, bool Signed, int S>
   static void tile(const StagedPanel<int16_t>* w, const ActRef* x, int64_t groups, float* out) {
     __m256 f[R][C][2];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) f[r][c][0] = f[r][c][1] = _mm256_setzero_ps();
+    clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m256i acc[R][C][2];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm256_setzero_si256();
+      clear(acc);
 #pragma GCC unroll 16
       for (int p = 0; p < 8 * S; ++p) {
         __m256i wq[R][2];
@@ -509,15 +511,35 @@ struct Int8Panel {
             }
         }
       }
-      for (int r = 0; r < R; ++r)
-        for (int h = 0; h < 2; ++h) {
-          const __m256 scale = _mm256_loadu_ps(w[r].scale + 16 * j + 8 * h), offset = _mm256_loadu_ps(w[r].offset + 16 * j + 8 * h);
-          for (int c = 0; c < C; ++c) {
-            f[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][c][h]), _mm256_mul_ps(scale, _mm256_set1_ps(x[c].d[j / 2])), f[r][c][h]);
-            if constexpr (!Signed) f[r][c][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x[c].template sum<S>(j / S)), f[r][c][h]);
-          }
-        }
+      add_span<R, C, Signed, S>(w, x, j, acc, f);
     }
+    store(f, out);
+  }
+
+  // f += span j's exact sums acc, scaled: the float chain every path runs (see the top of the file).
+  // Always inlined: called from the byte tile, GCC kept it out of line and the tile's sums went
+  // through memory.
+  template <int R, int C, bool Signed, int S, class Q>
+  [[gnu::always_inline]] static void add_span(const StagedPanel<Q>* w, const ActRef* x, int64_t j,
+                                              const __m256i (&acc)[R][C][2], __m256 (&f)[R][C][2]) {
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m256 scale = _mm256_loadu_ps(w[r].scale + 16 * j + 8 * h), offset = _mm256_loadu_ps(w[r].offset + 16 * j + 8 * h);
+        for (int c = 0; c < C; ++c) {
+          f[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][c][h]), _mm256_mul_ps(scale, _mm256_set1_ps(x[c].d[j / 2])), f[r][c][h]);
+          if constexpr (!Signed) f[r][c][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x[c].template sum<S>(j / S)), f[r][c][h]);
+        }
+      }
+  }
+  // Every vector of a register tile (both halves of each panel) set to zero.
+  template <class V, int R, int C>
+  static void clear(V (&v)[R][C][2]) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) v[r][c][0] = v[r][c][1] = V{};
+  }
+  // out[(r * C + c) * 16 + 8 * h + lane] = f[r][c][h]'s lane.
+  template <int R, int C>
+  static void store(const __m256 (&f)[R][C][2], float* out) {
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c)
         for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
@@ -623,22 +645,21 @@ struct Int8Panel {
 // allows (int16_pair_sums), then one vpmaddwd by 128 widens them (and gives the sum of 128 * hi).
 // Signed q (Q8_0) goes in as |q| with its sign moved onto the activations, as in the stream.
 template <bool Vnni>
-struct BytePanel : Int8Panel<Vnni> {
+struct BytePanel : Int8Panel<Vnni>, ByteStaging {
   using Int8Panel<Vnni>::broadcast4;
   using Int8Panel<Vnni>::dot;
+  using Int8Panel<Vnni>::clear;
+  using Int8Panel<Vnni>::store;
+  using ByteStaging::Weight;
+  using ByteStaging::kWide;
+  using ByteStaging::stage_block;
   // 1 panel x 6 rows with VNNI (12 accumulators, as the int16 tile's: vpdpbusd waits for the last
   // one into its accumulator), x 3 without (6 int16 pair sums and 6 int32 sums beside two weight
   // vectors and a broadcast). On a Zen 5 core under MINDIE_ISA=avx2, 3B prefill 512 at one plane:
   // with VNNI 4, 5 and 6 rows all 100-102 tok/s; without, 2, 3 and 4 rows 60, 69 and 65-67.
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = Vnni ? 6 : 3;
-  using Weight = int8_t;
-  static constexpr bool kWide = false;
   static constexpr bool kOnePlaneOnly = true;
-  template <QFormat F>
-  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
-  }
 
   // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c (hi planes only).
   template <int R, int C, QFormat F>
@@ -646,18 +667,14 @@ struct BytePanel : Int8Panel<Vnni> {
     constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
     constexpr bool Signed = info.signed_q;
     constexpr int S = info.scale_span / 16, kSteps = 4 * S, kPairs = std::min(int16_pair_sums(F), kSteps);
-    const __m256i z = _mm256_setzero_si256();
     __m256 f[R][C][2];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) f[r][c][0] = f[r][c][1] = _mm256_setzero_ps();
+    clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m256i acc[R][C][2];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = z;
+      clear(acc);
       for (int v0 = 0; v0 < kSteps; v0 += kPairs) {
         __m256i pairs[R][C][2];
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) pairs[r][c][0] = pairs[r][c][1] = z;
+        clear(pairs);
         for (int v = v0; v < v0 + kPairs; ++v) {
           __m256i wq[R][2];
           for (int r = 0; r < R; ++r)
@@ -680,19 +697,13 @@ struct BytePanel : Int8Panel<Vnni> {
               for (int h = 0; h < 2; ++h)
                 acc[r][c][h] = _mm256_add_epi32(acc[r][c][h], _mm256_madd_epi16(pairs[r][c][h], _mm256_set1_epi16(128)));
       }
-      for (int r = 0; r < R; ++r)
-        for (int h = 0; h < 2; ++h) {
-          const __m256 scale = _mm256_loadu_ps(w[r].scale + 16 * j + 8 * h), offset = _mm256_loadu_ps(w[r].offset + 16 * j + 8 * h);
-          for (int c = 0; c < C; ++c) {
-            const __m256i s = Vnni ? _mm256_slli_epi32(acc[r][c][h], 7) : acc[r][c][h];
-            f[r][c][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(scale, _mm256_set1_ps(x[c].d[j / 2])), f[r][c][h]);
-            if constexpr (!Signed) f[r][c][h] = _mm256_fmadd_ps(offset, _mm256_set1_ps(x[c].template sum<S>(j / S)), f[r][c][h]);
-          }
-        }
+      if constexpr (Vnni)
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < C; ++c)
+            for (int h = 0; h < 2; ++h) acc[r][c][h] = _mm256_slli_epi32(acc[r][c][h], 7);
+      Int8Panel<Vnni>::template add_span<R, C, Signed, S>(w, x, j, acc, f);
     }
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + (r * C + c) * 16 + 8 * h, f[r][c][h]);
+    store(f, out);
   }
 };
 
@@ -738,17 +749,11 @@ inline float quantize_block32(const float* x, int8_t* hi, int8_t* lo) {
 #else  // scalar
 
 template <bool Vnni>
-struct Int8Panel {
+struct Int8Panel : ByteStaging {
   static constexpr int kTilePanels = 1;
   static constexpr int kTileCols = 2;
   static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
-  using Weight = int8_t;
-  static constexpr bool kWide = false;
   static constexpr bool kOnePlaneOnly = false;
-  template <QFormat F>
-  static void stage_block(const uint8_t* panel, int64_t blocks, int64_t b, int8_t* q, float* scale, float* offset) {
-    MINDIE_ISA_NS::stage_block<Lanes, F>(panel, blocks, b, q, scale, offset);
-  }
   template <int R, int C, bool Signed, int S, int P>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
     for (int r = 0; r < R; ++r)
