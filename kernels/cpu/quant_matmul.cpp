@@ -189,8 +189,8 @@ void apply(const Panel* p, const PanelBuffer<D>* buf, const QMatmulArgs& a, cons
     constexpr int C = decltype(cols)::value;
     if constexpr (D::kWide) D::template tile<R, C, Signed, S>(w, x.data() + c0, groups, out);  // one int16 product either way
     else if constexpr (D::kOnePlaneOnly) D::template tile<R, C, F>(w, x.data() + c0, groups, out);
-    else if (a.planes == 1) D::template tile<R, C, Signed, S, 1>(w, x.data() + c0, groups, out);
-    else D::template tile<R, C, Signed, S, 2>(w, x.data() + c0, groups, out);
+    else if (a.planes == 1) D::template tile<R, C, F, 1>(w, x.data() + c0, groups, out);
+    else D::template tile<R, C, F, 2>(w, x.data() + c0, groups, out);
     store_tile(p, R, out, a, c0, cols);
   });
 }
@@ -808,7 +808,8 @@ void qmatmul(const QMatmulArgs& a) {
 #endif
   return a.planes == 1 ? run_int8<BytePanel<false>>(a) : run_int8<Int8Panel<false>>(a);
 #elif defined(MINDIE_ISA_AVX512)
-  return run_int8<WidePanel<false>>(a);
+  // One plane: the byte tile's products, in int16 pairs (Int8Panel::one_plane_pairs).
+  return a.planes == 1 ? run_int8<Int8Panel<false>>(a) : run_int8<WidePanel<false>>(a);
 #else
   run_int8<Int8Panel<false>>(a);
 #endif

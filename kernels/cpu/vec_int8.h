@@ -134,13 +134,15 @@ struct ByteStaging {
 
 // AVX-512: a panel's 16 rows are one vector's 16 int32 lanes. Vnni: vpdpbusd, else
 // vpmaddubsw + vpmaddwd (the same exact int32 sums either way). The byte tile here is the VNNI
-// prompt path of unsigned formats; WidePanel (below) takes the rest.
+// prompt path of unsigned formats and of one-plane rows, and without VNNI that of one-plane rows;
+// WidePanel (below) takes the rest.
 template <bool Vnni>
 struct Int8Panel : ByteStaging {
   // Panels x activation rows per register tile: 3 x 4 int32 and float accumulators, three weight
   // vectors and a broadcast fit the 32 vector registers (5-10% faster than 2 x 4 or 2 x 6 at 32
-  // and 512 rows; 1 x 8 runs at less than half the speed).
-  static constexpr int kTilePanels = 3;
+  // and 512 rows; 1 x 8 runs at less than half the speed). Without VNNI 2 x 4: one_plane_pairs's
+  // int16 sums take as many registers again as the int32 ones.
+  static constexpr int kTilePanels = Vnni ? 3 : 2;
   static constexpr int kTileCols = 4;
   static constexpr bool kOnePlaneOnly = false;
 
@@ -153,44 +155,84 @@ struct Int8Panel : ByteStaging {
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
   }
-  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c. P: the planes
-  // of x to take (1 where the lo plane is zeros).
-  template <int R, int C, bool Signed, int S, int P>
+  // out[(r * C + c) * 16 + lane] = f of panel r's row `lane` and activation row c, for panels of
+  // format F. P: the planes of x to take (1 where the lo plane is zeros).
+  template <int R, int C, QFormat F, int P>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
+    constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
+    constexpr bool Signed = info.signed_q;
+    constexpr int S = info.scale_span / 16;
     __m512 f[R][C];
     clear(f);
     for (int64_t j = 0; j < groups; j += S) {
       __m512i acc[R][C];
       clear(acc);
-      for (int plane = 0; plane < P; ++plane) {
-        if (plane == 1)
-          for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
-        for (int v = 0; v < 4 * S; ++v) {
-          __m512i wq[R];
-          __mmask64 neg[R];
-          for (int r = 0; r < R; ++r) {
-            wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupValues + v * 64);
-            if constexpr (Signed) {
-              neg[r] = _mm512_movepi8_mask(wq[r]);
-              wq[r] = _mm512_abs_epi8(wq[r]);
-            }
-          }
-          for (int c = 0; c < C; ++c) {
-            const __m512i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+      if constexpr (!Vnni && P == 1) {
+        one_plane_pairs<R, C, F>(w, x, j, acc);
+      } else {
+        for (int plane = 0; plane < P; ++plane) {
+          if (plane == 1)
+            for (int r = 0; r < R; ++r)
+              for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
+          for (int v = 0; v < 4 * S; ++v) {
+            __m512i wq[R];
+            __mmask64 neg[R];
             for (int r = 0; r < R; ++r) {
-              if constexpr (Signed) acc[r][c] = dot(acc[r][c], wq[r], _mm512_mask_sub_epi8(b, neg[r], _mm512_setzero_si512(), b));
-              else acc[r][c] = dot(acc[r][c], wq[r], b);
+              wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupValues + v * 64);
+              if constexpr (Signed) {
+                neg[r] = _mm512_movepi8_mask(wq[r]);
+                wq[r] = _mm512_abs_epi8(wq[r]);
+              }
+            }
+            for (int c = 0; c < C; ++c) {
+              const __m512i b = broadcast4((plane == 0 ? x[c].hi : x[c].lo) + 16 * j + 4 * v);
+              for (int r = 0; r < R; ++r) {
+                if constexpr (Signed) acc[r][c] = dot(acc[r][c], wq[r], _mm512_mask_sub_epi8(b, neg[r], _mm512_setzero_si512(), b));
+                else acc[r][c] = dot(acc[r][c], wq[r], b);
+              }
             }
           }
         }
+        if constexpr (P == 1)
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
       }
-      if constexpr (P == 1)
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < C; ++c) acc[r][c] = _mm512_slli_epi32(acc[r][c], 7);
       add_span<R, C, Signed, S>(w, x, j, acc, f);
     }
     store(f, out);
+  }
+  // acc = span j's sums of 128 * hi (one plane) without VNNI: vpmaddubsw with the pairs summed in
+  // int16 as far as q's range allows (int16_pair_sums), then one vpmaddwd by 128 widens them, where
+  // dot() widens every product (as AVX2's BytePanel).
+  template <int R, int C, QFormat F>
+  [[gnu::always_inline]] static void one_plane_pairs(const StagedPanel<int8_t>* w, const ActRef* x, int64_t j,
+                                                     __m512i (&acc)[R][C]) {
+    constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
+    constexpr int kSteps = info.scale_span / 4, kPairs = std::min(int16_pair_sums(F), kSteps);
+    for (int v0 = 0; v0 < kSteps; v0 += kPairs) {
+      __m512i pairs[R][C];
+      clear(pairs);
+      for (int v = v0; v < v0 + kPairs; ++v) {
+        __m512i wq[R];
+        __mmask64 neg[R];
+        for (int r = 0; r < R; ++r) {
+          wq[r] = _mm512_loadu_si512(w[r].q + j * kPanelGroupValues + v * 64);
+          if constexpr (info.signed_q) {
+            neg[r] = _mm512_movepi8_mask(wq[r]);
+            wq[r] = _mm512_abs_epi8(wq[r]);
+          }
+        }
+        for (int c = 0; c < C; ++c) {
+          const __m512i b = broadcast4(x[c].hi + 16 * j + 4 * v);
+          for (int r = 0; r < R; ++r) {
+            const __m512i s = info.signed_q ? _mm512_mask_sub_epi8(b, neg[r], _mm512_setzero_si512(), b) : b;
+            pairs[r][c] = _mm512_add_epi16(pairs[r][c], _mm512_maddubs_epi16(wq[r], s));
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_add_epi32(acc[r][c], _mm512_madd_epi16(pairs[r][c], _mm512_set1_epi16(128)));
+    }
   }
 
   // f += span j's exact sums acc, scaled: the float chain every path runs (see the top of the file).
@@ -754,8 +796,11 @@ struct Int8Panel : ByteStaging {
   static constexpr int kTileCols = 2;
   static constexpr int kStreamCols = 0;  // no streaming path: every row goes through staged panels
   static constexpr bool kOnePlaneOnly = false;
-  template <int R, int C, bool Signed, int S, int P>
+  template <int R, int C, QFormat F, int P>
   static void tile(const StagedPanel<int8_t>* w, const ActRef* x, int64_t groups, float* out) {
+    constexpr QFormatInfo info = qformat_info(static_cast<int>(F));
+    constexpr bool Signed = info.signed_q;
+    constexpr int S = info.scale_span / 16;
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c)
         for (int lane = 0; lane < kPanelRows; ++lane) {

@@ -32,13 +32,11 @@ _INT8_MARGIN = 1.5
 def int8_prompt_instruction(planes: int, vnni: bool = True) -> str:
     """The dot-product instruction the active kernel variant's int8 prompt tile multiplies with, for
     rows of `planes` planes (vnni=False: as after _C.set_vnni(False)). One plane takes a byte tile, a
-    byte product per weight (vpdpbusd with VNNI; in the AVX2 variant without it vpmaddubsw, while the
-    AVX-512 one keeps its int16 tile); two planes one int16 product per weight (128 * hi + lo as one
-    value)."""
-    isa = _C.get_isa()
-    feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(isa)
+    byte product per weight (vpdpbusd with VNNI, else vpmaddubsw); two planes one int16 product per
+    weight (128 * hi + lo as one value)."""
+    feature = {"avx512": "avx512_vnni", "avx2": "avx_vnni"}.get(_C.get_isa())
     has_vnni = vnni and feature is not None and _C.cpu_features()[feature]
-    if planes == 1 and (has_vnni or isa == "avx2"):
+    if planes == 1 and feature is not None:
         return "vpdpbusd" if has_vnni else "vpmaddubsw"
     return "vpdpwssd" if has_vnni else "vpmaddwd"
 

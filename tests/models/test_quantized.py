@@ -312,16 +312,14 @@ def test_prompt_form_is_measured_or_forced(monkeypatch):
 
 @pytest.mark.parametrize("isa", [i for i in _C.available_isas() if i != "scalar"])
 def test_int8_prompt_instruction_is_the_prompt_tiles_product(isa):
-    """One plane: a byte tile's vpdpbusd with VNNI, and without it vpmaddubsw in the AVX2 variant (the
-    AVX-512 one keeps its int16 tile); two planes: one int16 product per weight (vpdpwssd with VNNI,
-    else vpmaddwd)."""
+    """One plane: a byte tile's vpdpbusd with VNNI, else vpmaddubsw; two planes: one int16 product per
+    weight (vpdpwssd with VNNI, else vpmaddwd)."""
     pick = llama_quant.int8_prompt_instruction
     vnni = _C.cpu_features()[{"avx512": "avx512_vnni", "avx2": "avx_vnni"}[isa]]
     previous = _C.get_isa()
     try:
         _C.set_isa(isa)
-        assert (pick(1), pick(2)) == (("vpdpbusd", "vpdpwssd") if vnni else
-                                      ("vpmaddubsw" if isa == "avx2" else "vpmaddwd", "vpmaddwd"))
-        assert (pick(1, vnni=False), pick(2, vnni=False)) == ("vpmaddubsw" if isa == "avx2" else "vpmaddwd", "vpmaddwd")
+        assert (pick(1), pick(2)) == (("vpdpbusd", "vpdpwssd") if vnni else ("vpmaddubsw", "vpmaddwd"))
+        assert (pick(1, vnni=False), pick(2, vnni=False)) == ("vpmaddubsw", "vpmaddwd")
     finally:
         _C.set_isa(previous)
