@@ -15,10 +15,10 @@
 // thread split: an output element is reduced identically wherever it is computed. How s is summed
 // is the path's own, since any order gives the same exact int32: the prompt tiles of AVX2 and
 // AVX-512 (WidePanel) multiply int16, q against 128 * hi + lo (ActRef::wide) in one vpmaddwd or
-// vpdpwssd; the decode GEMV (stream), AVX-512's VNNI byte tile, AVX2's byte tile for one plane
-// (BytePanel) and the scalar tile take byte products of q against each plane (vpdpbusd or
-// vpmaddubsw; unsigned q goes straight into the unsigned operand, signed q (Q8_0) goes in as |q|
-// with its sign moved onto the activations).
+// vpdpwssd; the decode GEMV (stream), AVX-512's byte tile (with VNNI, and without it for one plane:
+// Int8Panel::one_plane_pairs), AVX2's byte tile for one plane (BytePanel) and the scalar tile take
+// byte products of q against each plane (vpdpbusd or vpmaddubsw; unsigned q goes straight into the
+// unsigned operand, signed q (Q8_0) goes in as |q| with its sign moved onto the activations).
 #pragma once
 
 #include <algorithm>
