@@ -95,14 +95,14 @@ template <class L, QFormat F, int j>
     }
   } else {
     static_assert(F == QFormat::kQ6_K);
-    // Runs 0-31: ql, 32-47: qh, 48-51: the 16 int8 scales; d the one header field. Block j = 4h + g
-    // of value l takes nibble (g & 1 ? ql[l + 32] : ql[l]) >> (g >= 2 ? 4 : 0) of 128-value half h,
-    // and bits 2g, 2g + 1 of qh[l].
+    // Groups 0-31: ql, 32-47: qh, 48-51: the 16 int8 scales (where packed_run puts them); d the one
+    // header field. Block j = 4h + g of value l takes nibble (g & 1 ? ql[l + 32] : ql[l]) >> (g >= 2
+    // ? 4 : 0) of 128-value half h, and bits 2g, 2g + 1 of qh[l].
     constexpr int h = j / 4, g = j % 4;
+    const auto group = [&](int t) __attribute__((always_inline)) { return L::run(runs, packed_run(F, t)); };
     for (int v = 0; v < 8; ++v)
-      u[v] = L::or_(L::nibbles(L::run(runs, 16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
-                    L::bit_to(L::run(runs, 32 + 8 * h + v), 2 * g, 4, 0x30));
-    const typename L::I scales = L::run(runs, 48 + 2 * h + g / 2);
+      u[v] = L::or_(L::nibbles(group(16 * h + 8 * (g & 1) + v), 4 * (g >> 1)), L::bit_to(group(32 + 8 * h + v), 2 * g, 4, 0x30));
+    const typename L::I scales = group(48 + 2 * h + g / 2);
     for (int e = 0; e < 2; ++e) {
       s[e] = L::mul(L::halves(headers, 0), L::to_float(L::sbyte(scales, 2 * (g % 2) + e)));
       o[e] = L::mul(L::set1(-32.f), s[e]);  // exact: s has at most 18 significant bits

@@ -42,7 +42,7 @@ void pack_row(const QMatrix& w, int lane, const uint8_t* row, uint8_t* panel) {
         off += 2;
         continue;
       }
-      uint8_t* at = runs + run * 64 + lane * 4;
+      uint8_t* at = runs + packed_run(w.format, run) * 64 + lane * 4;
       if (off == qh) {
         uint32_t bits;
         std::memcpy(&bits, block + off, 4);
