@@ -5,9 +5,10 @@
 1. The engine: wall time per step of a batch-1 decode, and of it the C++ forward call (runner.model.forward);
    the rest is Python (scheduling, inputs, sampling, outputs).
 2. The forward's projections replayed as the step calls them (q/k/v, o, gate/up, down per layer, then the
-   lm_head), each call timed: per kind, ms per token and GB/s of weight bytes, beside the read bandwidth
-   measured just before. The forward minus the replayed projections is everything else (norms, rotary,
-   KV writes, attention, activation quantization outside the matmul).
+   lm_head), each call timed: per kind and its matrices' formats (a Q4_K_M file mixes Q4_K and Q6_K
+   layers), ms per token and GB/s of weight bytes, beside the read bandwidth measured just before. The
+   forward minus the replayed projections is everything else (norms, rotary, KV writes, attention,
+   activation quantization outside the matmul).
 3. The same replay with the kernel pool at one thread: how the projections scale over the threads.
 """
 
@@ -57,17 +58,17 @@ def engine_profile(llm: LLM, tokens: int) -> tuple[float, float]:
 
 
 def replay(calls: list[tuple[str, list, torch.Tensor, torch.Tensor, list, int]], rounds: int) -> dict[str, float]:
-    """Per kind, the median over `rounds` of the seconds its calls take in one pass in step order."""
+    """Per label, the median over `rounds` of the seconds its calls take in one pass in step order."""
     per_round: dict[str, list[float]] = {}
     for _ in range(rounds + 1):  # the first pass warms up
         spent: dict[str, float] = {}
-        for kind, outs, q, d, specs, _ in calls:
+        for label, outs, q, d, specs, _ in calls:
             t0 = time.perf_counter()
             _C.qmatmul_group(outs, q, d, specs)
-            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - t0
-        for kind, t in spent.items():
-            per_round.setdefault(kind, []).append(t)
-    return {kind: statistics.median(ts[1:]) for kind, ts in per_round.items()}
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+        for label, t in spent.items():
+            per_round.setdefault(label, []).append(t)
+    return {label: statistics.median(ts[1:]) for label, ts in per_round.items()}
 
 
 def main() -> None:
@@ -92,27 +93,28 @@ def main() -> None:
     for i in range(model.config.num_layers):
         for kind, names in KINDS:
             ws = [model.matrices[f"model.layers.{i}.{n}.weight"] for n in names]
-            calls.append((kind, ws))
-    calls.append(("lm_head", [model.lm_head]))
+            calls.append((f"{kind} {'/'.join(w.format_name for w in ws)}", ws))
+    calls.append((f"lm_head {model.lm_head.format_name}", [model.lm_head]))
     prepared = []
-    for kind, ws in calls:
+    for label, ws in calls:
         q, d = ops.quantize_activations(torch.randn(1, ws[0].cols))
-        prepared.append((kind, [torch.empty(1, w.rows) for w in ws], q, d, [w.spec() for w in ws],
+        prepared.append((label, [torch.empty(1, w.rows) for w in ws], q, d, [w.spec() for w in ws],
                          sum(w.nbytes for w in ws)))
     nbytes: dict[str, int] = {}
-    for kind, *_, b in prepared:
-        nbytes[kind] = nbytes.get(kind, 0) + b
+    for label, *_, b in prepared:
+        nbytes[label] = nbytes.get(label, 0) + b
     for threads in sorted({args.threads, 1}, reverse=True):
         _C.set_num_threads(threads)
         bandwidth = memory_read_bandwidth()
         spent = replay(prepared, args.rounds)
         total_t, total_b = sum(spent.values()), sum(nbytes.values())
         print(f"\nprojections replayed, {threads} thread(s); read bandwidth {bandwidth / 1e9:.1f} GB/s")
-        print(f"{'kind':<10} {'MB':>8} {'ms/token':>9} {'GB/s':>7} {'of bw':>6}")
-        for kind in [k for k, _ in KINDS] + ["lm_head"]:
-            t, b = spent[kind], nbytes[kind]
-            print(f"{kind:<10} {b / 1e6:8.1f} {t * 1e3:9.2f} {b / t / 1e9:7.1f} {100 * b / t / bandwidth:5.0f}%")
-        print(f"{'all':<10} {total_b / 1e6:8.1f} {total_t * 1e3:9.2f} {total_b / total_t / 1e9:7.1f} "
+        width = max(len(label) for label in nbytes)
+        print(f"{'kind':<{width}} {'MB':>8} {'ms/token':>9} {'GB/s':>7} {'of bw':>6}")
+        for label, b in nbytes.items():
+            t = spent[label]
+            print(f"{label:<{width}} {b / 1e6:8.1f} {t * 1e3:9.2f} {b / t / 1e9:7.1f} {100 * b / t / bandwidth:5.0f}%")
+        print(f"{'all':<{width}} {total_b / 1e6:8.1f} {total_t * 1e3:9.2f} {total_b / total_t / 1e9:7.1f} "
               f"{100 * total_b / total_t / bandwidth:5.0f}%")
         if threads == args.threads:
             print(f"forward minus projections: {(forward - total_t) * 1e3:.2f} ms per token")
