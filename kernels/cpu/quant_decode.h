@@ -101,7 +101,8 @@ template <class L, QFormat F, int j>
     constexpr int h = j / 4, g = j % 4;
     const auto group = [&](int t) __attribute__((always_inline)) { return L::run(runs, packed_run(F, t)); };
     for (int v = 0; v < 8; ++v)
-      u[v] = L::or_(L::nibbles(group(16 * h + 8 * (g & 1) + v), 4 * (g >> 1)), L::bit_to(group(32 + 8 * h + v), 2 * g, 4, 0x30));
+      u[v] = L::or_(L::nibbles(group(16 * h + 8 * (g & 1) + v), 4 * (g >> 1)),
+                    L::bit_to(group(32 + 8 * h + v), 2 * g, 4, 0x30));
     const typename L::I scales = group(48 + 2 * h + g / 2);
     for (int e = 0; e < 2; ++e) {
       s[e] = L::mul(L::halves(headers, 0), L::to_float(L::sbyte(scales, 2 * (g % 2) + e)));
