@@ -140,8 +140,10 @@ template <bool Vnni>
 struct Int8Panel : ByteStaging {
   // Panels x activation rows per register tile: 3 x 4 int32 and float accumulators, three weight
   // vectors and a broadcast fit the 32 vector registers (5-10% faster than 2 x 4 or 2 x 6 at 32
-  // and 512 rows; 1 x 8 runs at less than half the speed). Without VNNI 2 x 4: one_plane_pairs's
-  // int16 sums take as many registers again as the int32 ones.
+  // and 512 rows; 1 x 8 runs at less than half the speed). GCC keeps the float ones on the stack even
+  // so, yet tiles of more int32 accumulators ran slower: a 3B decode step's projections at 32 rows
+  // took 527-548 ms as 3 x 8 or 4 x 6 against 313-321 (4 x 4: 321-329). Without VNNI 2 x 4:
+  // one_plane_pairs's int16 sums take as many registers again as the int32 ones.
   static constexpr int kTilePanels = Vnni ? 3 : 2;
   static constexpr int kTileCols = 4;
   static constexpr bool kOnePlaneOnly = false;
