@@ -216,8 +216,10 @@ def main() -> None:
     print(f"\nmedians over {args.rounds} interleaved round(s), {args.threads} threads; tok/s, and each side's "
           f"share of the limit named")
     if prefill_instruction(not args.no_vnni, args.activation_bits) in ("vpdpwssd", "vpmaddwd"):
+        _C.set_vnni(True)  # llama.cpp's instructions, whatever ours are told (dot_peak follows set_vnni)
         byte_peaks = ", ".join(f"{i} {2 * _C.dot_peak(i, args.threads) / 1e9:.0f}" for i in ("vpmaddubsw", "vpdpbusd")
                                if _C.dot_peak(i, 1, 0.01) > 0)
+        _C.set_vnni(not args.no_vnni)
         print(f"(our int8 prompt rows' two planes meet each weight as one int16, 128 * hi + lo: one "
               f"{prefill_instruction(not args.no_vnni)} product, a ceiling of the peak named; llama.cpp's one byte "
               f"plane runs on vpmaddubsw, or vpdpbusd in a build for VNNI; their peaks here, GFLOP/s: {byte_peaks})")

@@ -270,8 +270,9 @@ void bind_quant(py::module_& m) {
         "Whether the active kernel variant runs qmatmul_bf16 on native bf16 dot products (AVX512-BF16).");
   m.def("dot_peak", &dot_peak, py::arg("instruction"), py::arg("threads"), py::arg("seconds") = 0.6,
         "Multiply-adds per second of a register-only loop of 'vpdpbusd', 'vpmaddubsw', 'vpmaddwd', 'vpdpwssd', "
-        "'vdpbf16ps' or 'tdpbf16ps' (AMX tiles, while in use) on "
-        "`threads` kernel-pool threads (the active variant's form); 0.0 where the variant or CPU lacks it.");
+        "'vdpbf16ps' or 'tdpbf16ps' on `threads` kernel-pool threads (the active variant's form); 0.0 where "
+        "the variant or CPU lacks it or the kernels are told not to use it (VNNI after set_vnni(False), AMX "
+        "tiles after set_amx(False)).");
 }
 
 }  // namespace mindie::host

@@ -131,17 +131,17 @@ int64_t one_thread(DotInstr instr, int64_t iterations) {
   if (instr == DotInstr::kTdpbf16ps && use_amx_bf16()) return amx_bf16(iterations);
 #endif
 #if defined(MINDIE_ISA_AVX512) && defined(MINDIE_VNNI)
-  if (instr == DotInstr::kVpdpwssd && cpu_has_avx512_vnni())  // one product per 2 bytes
+  if (instr == DotInstr::kVpdpwssd && use_avx512_vnni())  // one product per 2 bytes
     return run_tile(iterations, [](VecI acc, VecI u, VecI s) { return _mm512_dpwssd_epi32(acc, u, s); }) / 2;
-  if (instr == DotInstr::kVpdpbusd && cpu_has_avx512_vnni())
+  if (instr == DotInstr::kVpdpbusd && use_avx512_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
                       [](VecI acc, VecI u, VecI s) { return _mm512_dpbusd_epi32(acc, u, s); });
 #endif
 #if defined(MINDIE_ISA_AVX2) && defined(MINDIE_AVX_VNNI)
-  if (instr == DotInstr::kVpdpwssd && cpu_has_avx_vnni())  // the AVX2 prompt tile's products
+  if (instr == DotInstr::kVpdpwssd && use_avx_vnni())  // the AVX2 prompt tile's products
     return run_tile<Int8Panel<true>::kTileCols>(
                iterations, [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot_pairs(acc, u, s); }) / 2;
-  if (instr == DotInstr::kVpdpbusd && cpu_has_avx_vnni())
+  if (instr == DotInstr::kVpdpbusd && use_avx_vnni())
     return run_chains(iterations, set1_i8(3), set1_i8(1),
                       [](VecI acc, VecI u, VecI s) { return Int8Panel<true>::dot(acc, u, s); });
 #endif
