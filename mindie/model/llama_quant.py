@@ -56,9 +56,12 @@ def prompt_rows_in_bf16(planes: int = 2) -> bool:
         raise ValueError(f"MINDIE_PROMPT_FORM must be bf16 or int8, got {forced!r}")
     if not _C.qmatmul_bf16_native() or forced:
         return _C.qmatmul_bf16_native() and forced != "int8"
-    # The AMX tiles' peak where the kernels use them (0.0 where not, set_amx(False) included), else vdpbf16ps's.
+    # Each form's peak as its kernels run here: dot_peak gives 0.0 for VNNI and AMX tiles where the kernels
+    # do not use them (set_vnni(False), set_amx(False)), and then the instruction they run instead counts.
+    int8_peak = (_C.dot_peak(int8_prompt_instruction(planes), 1, 0.03)
+                 or _C.dot_peak(int8_prompt_instruction(planes, vnni=False), 1, 0.03))
     bf16_peak = _C.dot_peak("tdpbf16ps", 1, 0.03) or _C.dot_peak("vdpbf16ps", 1, 0.03)
-    return _C.dot_peak(int8_prompt_instruction(planes), 1, 0.03) < _INT8_MARGIN * bf16_peak
+    return int8_peak < _INT8_MARGIN * bf16_peak
 
 
 # --activation-bits: 16, two int8 planes (about 15 bits; generated tokens keep float32's top-1), or 8,
