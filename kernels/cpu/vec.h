@@ -71,7 +71,8 @@ struct VecF {
   float reduce_max() const { return _mm512_reduce_max_ps(v); }
   // out[i] = sum of the lanes of v[i] for i < W: W horizontal sums as one transpose-and-add tree,
   // all full-width and independent, instead of W latency-bound reductions.
-  static void reduce_add_w(const VecF* v, float* out) {
+  // Always inlined: out of line, the call cost every vector register the caller held (decode attention's queries).
+  [[gnu::always_inline]] static void reduce_add_w(const VecF* v, float* out) {
     __m512 a[8], b[4];
     for (int i = 0; i < 8; ++i)
       a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i].v, v[2 * i + 1].v), _mm512_unpackhi_ps(v[2 * i].v, v[2 * i + 1].v));

@@ -69,6 +69,22 @@ def test_decode_matches_reference(isa, q_dtype, kv_dtype, num_heads, kv_heads, h
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
+@pytest.mark.parametrize("num_heads,kv_heads,head_dim", [(24, 8, 128), (16, 8, 64), (32, 8, 64), (16, 16, 64), (30, 6, 128)])
+def test_decode_walks_blocks_in_segments(isa, q_dtype, kv_dtype, num_heads, kv_heads, head_dim):
+    """Cache rows of 1-4 KB: decode walks a 128-token block in segments of 32 KB of key rows (8-32
+    tokens), heads a kv head's group at a time (2-4 queries per kv head) or four at a time (1 or 5);
+    contexts end inside, on and past segment and block boundaries, in one batch and one at a time."""
+    gen = torch.Generator().manual_seed(5)
+    ctx = [1, 7, 8, 9, 17, 31, 32, 33, 127, 128, 129, 300]
+    batch = make_batch([1] * len(ctx), ctx, num_heads, kv_heads, head_dim, 128, q_dtype, kv_dtype, gen)
+    check(batch)
+    for s in (4, 11):  # alone, each context is also split over key ranges and kv heads
+        one = dict(batch, query=batch["query"][s : s + 1], block_tables=batch["block_tables"][s : s + 1],
+                   query_start_loc=torch.tensor([0, 1], dtype=torch.int32), seq_lens=batch["seq_lens"][s : s + 1])
+        check(one)
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
 @pytest.mark.parametrize("partition_size", [1, 7, 32])
 def test_decode_split_context(isa, q_dtype, kv_dtype, partition_size):
     gen = torch.Generator().manual_seed(2)
