@@ -69,7 +69,9 @@ def test_decode_matches_reference(isa, q_dtype, kv_dtype, num_heads, kv_heads, h
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
-@pytest.mark.parametrize("num_heads,kv_heads,head_dim", [(24, 8, 128), (16, 8, 64), (32, 8, 64), (16, 16, 64), (30, 6, 128)])
+@pytest.mark.parametrize(
+    "num_heads,kv_heads,head_dim", [(24, 8, 128), (16, 8, 64), (32, 8, 64), (16, 16, 64), (30, 6, 128)]
+)
 def test_decode_walks_blocks_in_segments(isa, q_dtype, kv_dtype, num_heads, kv_heads, head_dim):
     """Cache rows of 1-4 KB: decode walks a 128-token block in segments of 32 KB of key rows (8-32
     tokens), heads a kv head's group at a time (2-4 queries per kv head) or four at a time (1 or 5);
