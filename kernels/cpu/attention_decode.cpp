@@ -23,7 +23,7 @@ class PrefetchStream {
  public:
   PrefetchStream(const void* k, const void* v, int64_t tokens, int64_t stride, int64_t span, int64_t steps)
       : at_(static_cast<const char*>(k)), v_(static_cast<const char*>(v)), span_((span + 63) / 64 * 64),
-        skip_(stride - span_), row_end_(at_ + span_), tokens_(tokens), rows_left_(tokens),
+        skip_(stride - span_), row_end_(tokens > 0 ? at_ + span_ : at_), tokens_(tokens), rows_left_(tokens),
         per_step_(steps > 0 ? (2 * tokens * (span_ / 64) + steps - 1) / steps : 0), which_(tokens > 0 ? 0 : 2) {}
   // Pointers only, no multiply a line: stepped beside every key and value, row and line counters
   // (token * stride + line * 64) took about as many instructions as the dot products between them.
@@ -115,9 +115,10 @@ class Decode : AttentionView<Q, KV> {
     // The walk down the keys and values a segment at a time: a block, or where the fixed paths walk
     // slices a cache row apart, kSegmentBytes of key rows, so that the segment's lines stay in L1
     // between the passes of its heads (rows 4 KB apart fall into the same L1 sets) and the next
-    // segment's prefetches run right behind. On a 2-core Zen 5, 32 contexts of 192 tokens, bf16:
-    // Llama-3.2-3B's 24/8 heads of 128 28.5 -> 42-43 GB/s, SmolLM2-1.7B's 32/32 of 64 35-41 -> 48;
-    // one 4096-token context of the 3B, 29-31 -> 40 GB/s (with the other changes of that commit).
+    // segment's prefetches run right behind. On a 2-core Zen 5, bf16 caches of Llama-3.2-3B's 24/8
+    // heads of 128, 32 contexts of 192 tokens: 25 -> 30-31 GB/s with float32 queries (the model
+    // step's), 28.5 -> 35-37 with bf16 ones; one 4096-token context 29-31 -> 40 (bf16 queries; all
+    // with the other changes of that commit).
     const int segment = by_rows || !fixed ? BS : std::clamp(static_cast<int>(kSegmentBytes / stride) / 4 * 4, 4, BS);
     const auto segment_end = [&](int b) { return std::min({w.end, (b / BS + 1) * BS, b + segment}); };
     for (int b0 = w.begin; b0 < w.end;) {
