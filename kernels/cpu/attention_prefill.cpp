@@ -134,83 +134,26 @@ class Prefill : AttentionView<Q, KV> {
     }
   }
 
-  // kt[d][t] = float(k[t][d]) for t < n; zero for the padding up to NP. The vector variants move
-  // whole W x W squares through registers (transpose_square); element by element, the transpose was
-  // about half of a prompt's attention time (Llama-3.2-3B's 24/8 heads of 128 over a 2048-token
-  // prompt on a 2-core Zen 5: 163 -> 81 ms a layer). The remainders go element by element.
+  // kt[d][t] = float(k[t][d]) for t < n; zero for the padding up to NP. Whole W x W squares go
+  // through registers (VecF::transpose_square); element by element, the transpose was about half of
+  // a prompt's attention time (Llama-3.2-3B's 24/8 heads of 128 over a 2048-token prompt on a
+  // 2-core Zen 5: 163 -> 81 ms a layer). The remainders go element by element.
   void transpose_block(float* kt, int NP, const KV* k, int n) const {
-    int tw = 0, dw = 0;  // keys and head dims moved as whole squares
-#if defined(MINDIE_ISA_AVX512) || defined(MINDIE_ISA_AVX2)
     constexpr int W = VecF::W;
-    tw = n / W * W;
-    dw = D_ / W * W;
+    const int tw = n / W * W, dw = D_ / W * W;  // keys and head dims moved as whole squares
     for (int t0 = 0; t0 < tw; t0 += W)
       for (int d0 = 0; d0 < dw; d0 += W) {
         VecF r[W];
         for (int i = 0; i < W; ++i) r[i] = VecF::load(k + static_cast<int64_t>(t0 + i) * row_ + d0);
-        transpose_square(r);
+        VecF::transpose_square(r);
         for (int j = 0; j < W; ++j) r[j].store(kt + static_cast<int64_t>(d0 + j) * NP + t0);
       }
-#endif
     for (int t = 0; t < n; ++t) {
       const KV* kr = k + static_cast<int64_t>(t) * row_;
       for (int d = t < tw ? dw : 0; d < D_; ++d) kt[d * NP + t] = to_float(kr[d]);
     }
     for (int d = 0; d < D_; ++d) std::fill(kt + d * NP + n, kt + (d + 1) * NP, 0.f);
   }
-
-#if defined(MINDIE_ISA_AVX512)
-  // r[i] = row i of a 16 x 16 square -> r[j] = its column j: pairs of rows interleaved, then quads
-  // within each 128-bit lane, then the lanes across four rows and across eight.
-  [[gnu::always_inline]] static void transpose_square(VecF (&x)[16]) {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; ++i) r[i] = x[i].v;
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    // r[4g + e], 128-bit lane L: element 4L + e of rows 4g .. 4g + 3.
-    for (int i = 0; i < 16; i += 4) {
-      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int e = 0; e < 4; ++e) {
-      t[e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
-      t[4 + e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
-      t[8 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
-      t[12 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
-    }
-    for (int e = 0; e < 4; ++e) {
-      x[e] = VecF(_mm512_shuffle_f32x4(t[e], t[8 + e], 0x88));
-      x[8 + e] = VecF(_mm512_shuffle_f32x4(t[e], t[8 + e], 0xDD));
-      x[4 + e] = VecF(_mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0x88));
-      x[12 + e] = VecF(_mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0xDD));
-    }
-  }
-#elif defined(MINDIE_ISA_AVX2)
-  // The same for an 8 x 8 square: pairs, then quads within each 128-bit lane, then the two lanes.
-  [[gnu::always_inline]] static void transpose_square(VecF (&x)[8]) {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; ++i) r[i] = x[i].v;
-    for (int i = 0; i < 8; i += 2) {
-      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-    }
-    // r[4g + e], 128-bit lane L: element 4L + e of rows 4g .. 4g + 3.
-    for (int i = 0; i < 8; i += 4) {
-      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int e = 0; e < 4; ++e) {
-      x[e] = VecF(_mm256_permute2f128_ps(r[e], r[4 + e], 0x20));
-      x[4 + e] = VecF(_mm256_permute2f128_ps(r[e], r[4 + e], 0x31));
-    }
-  }
-#endif
 
   static float to_float(float x) { return x; }
   static float to_float(bf16_t x) { return bf16_to_float(x); }

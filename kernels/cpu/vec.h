@@ -86,6 +86,35 @@ struct VecF {
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(2, 0, 2, 0)),
                                         _mm512_shuffle_f32x4(d0, d1, _MM_SHUFFLE(3, 1, 3, 1))));
   }
+  // x[i] = row i of a 16 x 16 square -> x[j] = its column j: pairs of rows interleaved, then quads
+  // within each 128-bit lane, then the lanes across four rows and across eight.
+  [[gnu::always_inline]] static void transpose_square(VecF (&x)[16]) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = x[i].v;
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    // r[4g + e], 128-bit lane L: element 4L + e of rows 4g .. 4g + 3.
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int e = 0; e < 4; ++e) {
+      t[e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+      t[4 + e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+      t[8 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+      t[12 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+    }
+    for (int e = 0; e < 4; ++e) {
+      x[e] = VecF(_mm512_shuffle_f32x4(t[e], t[8 + e], 0x88));
+      x[8 + e] = VecF(_mm512_shuffle_f32x4(t[e], t[8 + e], 0xDD));
+      x[4 + e] = VecF(_mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0x88));
+      x[12 + e] = VecF(_mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0xDD));
+    }
+  }
   // exp for x <= 88.7; x < -87.3 (including -inf) gives exactly 0.
   static VecF exp(VecF x) {
     const __m512 lo = _mm512_set1_ps(-87.3f);
@@ -182,6 +211,27 @@ struct VecF {
     __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(v[4].v, v[5].v), _mm256_hadd_ps(v[6].v, v[7].v));
     _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)));
   }
+  // x[i] = row i of an 8 x 8 square -> x[j] = its column j: pairs of rows interleaved, then quads
+  // within each 128-bit lane, then the two lanes.
+  [[gnu::always_inline]] static void transpose_square(VecF (&x)[8]) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = x[i].v;
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    // r[4g + e], 128-bit lane L: element 4L + e of rows 4g .. 4g + 3.
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int e = 0; e < 4; ++e) {
+      x[e] = VecF(_mm256_permute2f128_ps(r[e], r[4 + e], 0x20));
+      x[4 + e] = VecF(_mm256_permute2f128_ps(r[e], r[4 + e], 0x31));
+    }
+  }
   float reduce_max() const {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -242,6 +292,7 @@ struct VecF {
   float reduce_add() const { return v; }
   float reduce_max() const { return v; }
   static void reduce_add_w(const VecF* v, float* out) { out[0] = v[0].v; }
+  static void transpose_square(VecF (&)[1]) {}  // a 1 x 1 square is its own transpose
   static VecF exp(VecF x) { return VecF(x.v < -87.3f ? 0.f : std::exp(x.v)); }
 };
 
