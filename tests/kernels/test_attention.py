@@ -132,9 +132,10 @@ def test_decode_row_does_not_depend_on_the_head_split(isa, q_dtype, kv_dtype):
 @pytest.mark.parametrize("q_dtype,kv_dtype", list(DTYPES))
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 128), (4, 4, 80), (3, 1, 40)])
 def test_prefill_over_whole_blocks(isa, q_dtype, kv_dtype, heads, kv_heads, head_dim):
-    """Prompts over 128-token blocks, whose keys the AVX-512 variant transposes 16 x 16 at a time:
-    head dims of whole squares (128, 80) and with a remainder (40), keys of whole squares and a
-    block's partial end, a prompt alone and one extending a cached prefix."""
+    """Prompts over 128-token blocks, whose keys the vector variants transpose in squares (16 x 16 on
+    AVX-512, 8 x 8 on AVX2): head dims of whole squares (128, 80) and with a remainder (40 on
+    AVX-512), keys of whole squares and a block's partial end, a prompt alone and one extending a
+    cached prefix."""
     gen = torch.Generator().manual_seed(11)
     q_lens, ctx = [300, 70], [300, 203]
     check(make_batch(q_lens, ctx, heads, kv_heads, head_dim, 128, q_dtype, kv_dtype, gen))
